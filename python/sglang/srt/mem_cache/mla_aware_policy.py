@@ -1,0 +1,195 @@
+"""The ``mla_aware`` radix eviction policy: evict what is cheapest to lose.
+
+A node's priority (lowest is evicted first) is the expected restore work its bytes
+would save::
+
+    value(node)    = restore_seconds(node) / bytes(node) * reuse(node)
+    priority(node) = (-age(node) / value(node), last_access_time)
+
+``restore_seconds`` comes from :class:`KVCostModel`: recompute positions
+``[start, end)`` of the node (prefill work grows with depth), or reload them from host
+memory when HiCache holds a copy (``node.backuped``), whichever is cheaper.
+``reuse`` is ``(1 + hit_count) ** hit_exponent``. Dividing the node's age by its value
+makes this a cost- and frequency-weighted LRU: a node twice as valuable may sit idle
+twice as long. Ages are ratios of one clock, so the order does not depend on whether
+the tree counts time in seconds (``RadixCache``) or in logical ticks
+(``UnifiedRadixCache``).
+
+The strategy only scores; the cache decides how much to free, so the number of tokens
+evicted for an allocation is exactly what it is under LRU.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+from sglang.srt.mem_cache.mla_cost_model import Calibration, KVCostModel, ModelConfigError
+
+POLICY_NAME = "mla_aware"
+
+# Keys of --radix-eviction-policy-config, with their types and defaults.
+_SETUP_KEYS = {
+    "model": ((str, dict), "deepseek-v3"),
+    "kv_cache_dtype": (str, "auto"),
+    "tp_size": (int, 1),
+    "page_size": (int, 1),
+    "gpu_tflops": ((int, float), 400.0),
+    "h2d_gbps": ((int, float), 25.0),
+    "calibration": (str, None),
+}
+_TUNABLE_KEYS = {
+    "hit_exponent": ((int, float), 1.0),
+    "depth_aware": (bool, True),
+    "host_aware": (bool, True),
+}
+
+
+class PolicyConfigError(ValueError):
+    """A bad --radix-eviction-policy-config for mla_aware; names the key."""
+
+
+class MLAAwareStrategy(EvictionStrategy):
+    """Cost-, frequency- and recency-weighted priority; see the module docstring."""
+
+    def __init__(
+        self,
+        cost_model: KVCostModel,
+        *,
+        hit_exponent: float = 1.0,
+        depth_aware: bool = True,
+        host_aware: bool = True,
+    ):
+        self.cost_model = cost_model
+        self.hit_exponent = float(hit_exponent)
+        self.depth_aware = depth_aware
+        self.host_aware = host_aware
+        self._bytes_per_token = cost_model.bytes_per_token
+        self._clocks: dict[type, Any] = {}
+
+    def get_priority(self, node: Any) -> tuple[float, float]:
+        value = self.restore_seconds_per_byte(node) * (1 + node.hit_count) ** self.hit_exponent
+        age = self._now(node) - node.last_access_time
+        return (-age / value if value > 0 else float("-inf"), node.last_access_time)
+
+    def restore_seconds_per_byte(self, node: Any) -> float:
+        """Restore time of the node's tokens over the bytes they hold (page-rounded)."""
+        n = len(node.key)
+        if n == 0:
+            return 0.0
+        end = prefix_end(node) if self.depth_aware else n
+        backed = self.host_aware and getattr(node, "backuped", False)
+        seconds = self.cost_model.restore_seconds(end - n, end, backed_up=backed)
+        return seconds / self.cost_model.bytes_for_tokens(n)
+
+    def _now(self, node: Any) -> float:
+        clock = self._clocks.get(type(node))
+        if clock is None:
+            clock = self._clocks[type(node)] = _clock_for(type(node))
+        return clock()
+
+
+def _clock_for(node_type: type):
+    """The clock a tree stamps ``last_access_time`` with, read without advancing it.
+
+    RadixCache uses ``time.monotonic()``; the unified tree a module-level tick counter.
+    """
+    from sglang.srt.mem_cache.unified_cache.components import base
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedTreeNode
+
+    if issubclass(node_type, UnifiedTreeNode):
+        return lambda: base._LAST_ACCESS_TIME_COUNTER_FLOAT
+    return time.monotonic
+
+
+def prefix_end(node: Any) -> int:
+    """Tokens from the root through the end of ``node``.
+
+    Memoised on the node as ``_mla_prefix_end``: a split inserts a new parent above a
+    node but never moves where the node ends, so the memo stays valid.
+    """
+    end = getattr(node, "_mla_prefix_end", None)
+    if end is not None:
+        return end
+    path = []
+    while node is not None and node.parent is not None and end is None:
+        path.append(node)
+        node = node.parent
+        end = getattr(node, "_mla_prefix_end", None)
+    end = end or 0
+    for n in reversed(path):
+        end += len(n.key)
+        n._mla_prefix_end = end
+    return end
+
+
+def parse_policy_config(config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """Validate --radix-eviction-policy-config keys and types; fill in defaults.
+
+    Raises :class:`PolicyConfigError` naming an unknown key or a value of the wrong type.
+    """
+    config = dict(config or {})
+    known = {**_SETUP_KEYS, **_TUNABLE_KEYS}
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise PolicyConfigError(
+            f"mla_aware: unknown --radix-eviction-policy-config key {unknown[0]!r}; "
+            f"known keys: {', '.join(sorted(known))}"
+        )
+    out = {}
+    for key, (types, default) in known.items():
+        value = config.get(key, default)
+        wrong_bool = isinstance(value, bool) and types is not bool
+        if value is not None and (wrong_bool or not isinstance(value, types)):
+            raise PolicyConfigError(
+                f"mla_aware: --radix-eviction-policy-config key {key!r} has bad value "
+                f"{value!r} (expected {_type_names(types)})"
+            )
+        out[key] = value
+    for key in ("tp_size", "page_size", "gpu_tflops", "h2d_gbps"):
+        if out[key] <= 0:
+            raise PolicyConfigError(
+                f"mla_aware: --radix-eviction-policy-config key {key!r} must be > 0, "
+                f"got {out[key]!r}"
+            )
+    if out["hit_exponent"] < 0:
+        raise PolicyConfigError(
+            f"mla_aware: --radix-eviction-policy-config key 'hit_exponent' must be >= 0, "
+            f"got {out['hit_exponent']!r}"
+        )
+    return out
+
+
+def cost_model_from_policy_config(cfg: Mapping[str, Any]) -> KVCostModel:
+    """The cost model described by the setup keys of a parsed policy config."""
+    calibration = Calibration.load(Path(cfg["calibration"])) if cfg["calibration"] else None
+    try:
+        return KVCostModel.from_config(
+            cfg["model"],
+            kv_cache_dtype=cfg["kv_cache_dtype"],
+            tp_size=cfg["tp_size"],
+            page_size=cfg["page_size"],
+            gpu_flops_per_s=cfg["gpu_tflops"] * 1e12,
+            host_to_device_bytes_per_s=cfg["h2d_gbps"] * 1e9,
+            calibration=calibration,
+        )
+    except ModelConfigError as e:
+        raise PolicyConfigError(f"mla_aware: key 'model': {e}") from None
+
+
+def create_mla_aware_strategy(**config: Any) -> MLAAwareStrategy:
+    """Factory registered as ``mla_aware``: keyword arguments are the policy config."""
+    cfg = parse_policy_config(config)
+    return MLAAwareStrategy(
+        cost_model_from_policy_config(cfg),
+        **{key: cfg[key] for key in _TUNABLE_KEYS},
+    )
+
+
+def _type_names(types: Union[type, tuple]) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    names = {"str": "a string", "dict": "an object", "int": "an integer",
+             "float": "a number", "bool": "true or false"}
+    return " or ".join(names[t.__name__] for t in types)
