@@ -1,0 +1,496 @@
+"""Replays a trace through SGLang's real prefix cache and allocator on CPU.
+
+The tree (``UnifiedRadixCache`` with the Python tree core, or the legacy
+``RadixCache``), the eviction strategies and the token allocator are SGLang's own
+classes; this module only plays the scheduler's part around them, the way
+``managers/scheduler.py`` does for one request at a time:
+
+    admit:  match_prefix -> lock(last node) -> alloc(new tokens) -> on shortfall
+            evict(shortfall) and retry -> still short: wait in a first-come queue
+    finish: insert(prompt + output, page-aligned) -> free duplicates and the
+            unaligned tail -> unlock
+
+Token ids are derived from the trace's block ids, so equal ids share a prefix:
+token ``i`` of block ``h`` is ``h * block_tokens + i + 1``; output tokens get ids no
+prompt can have. In ``sequential`` mode a key holds one element per block (the block
+hit rate of the trace README); in ``timed`` mode it holds real tokens.
+
+The optional host tier is modelled here (SGLang's HiCache controller needs CUDA
+streams): a write-through LRU of pages keyed by content. A node whose pages were
+written through is marked ``backuped`` (legacy ``RadixCache`` only, where that
+attribute is free), and pages found there after the device prefix are reloaded at the
+cost model's reload time instead of recomputed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import time
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+from sglang.srt.mem_cache.mla_cost_model import KVCostModel
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
+
+from traces import Request, Trace
+
+OPTIMAL = "optimal"
+_OUTPUT_TOKEN_BASE = 1 << 48
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    policy: str
+    capacity_tokens: int
+    mode: str = "timed"  # "timed" or "sequential"
+    cache: str = "unified"  # "unified" or "radix"
+    page_size: int = 64
+    host_tier_tokens: int = 0
+    policy_config: Optional[dict] = None
+    decode_s_per_token: float = 0.03
+    capacity_fraction: Optional[float] = None
+    capacity_label: str = ""
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    capacity_label: str
+    capacity_fraction: Optional[float]
+    capacity_tokens: int
+    mode: str
+    cache: str
+    host_tier_tokens: int
+    requests: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    prompt_blocks: int = 0
+    hit_blocks: int = 0
+    prompt_flops: float = 0.0
+    saved_flops: float = 0.0
+    evicted_tokens: int = 0
+    evictions: int = 0
+    cache_cpu_s: float = 0.0
+    ttfts: list = dataclasses.field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        ttft = np.asarray(self.ttfts) if self.ttfts else None
+        served = max(self.requests - self.rejected, 1)
+        return {
+            "policy": self.policy,
+            "is_bound": self.policy == OPTIMAL,
+            "capacity": self.capacity_label,
+            "capacity_fraction": self.capacity_fraction,
+            "capacity_tokens": self.capacity_tokens,
+            "mode": self.mode,
+            "cache": self.cache,
+            "host_tier_tokens": self.host_tier_tokens,
+            "requests": self.requests,
+            "rejected": self.rejected,
+            "token_hit_rate": self.hit_tokens / max(self.prompt_tokens, 1),
+            "block_hit_rate": self.hit_blocks / max(self.prompt_blocks, 1),
+            "host_hit_rate": self.host_hit_tokens / max(self.prompt_tokens, 1),
+            "flop_hit_rate": self.saved_flops / max(self.prompt_flops, 1.0),
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft is not None else None,
+            "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft is not None else None,
+            "evictions": self.evictions,
+            "evicted_tokens": self.evicted_tokens,
+            "cpu_us_per_request": 1e6 * self.cache_cpu_s / served,
+        }
+
+
+class FutureIndex:
+    """When each block is next requested: the oracle behind the ``optimal`` bound."""
+
+    def __init__(self, trace: Trace):
+        uses: dict[int, list[int]] = {}
+        for i, req in enumerate(trace.requests):
+            for h in req.hash_ids:
+                uses.setdefault(h, []).append(i)
+        self.uses = uses
+        self.now = 0  # index of the request being served
+
+    def next_use(self, block: int) -> float:
+        seq = self.uses.get(block)
+        if seq is None:
+            return float("inf")
+        j = bisect.bisect_right(seq, self.now)
+        return seq[j] if j < len(seq) else float("inf")
+
+
+class BeladyStrategy(EvictionStrategy):
+    """Offline bound: evict the leaf whose first block is requested furthest ahead.
+
+    Any request that reuses part of a node passes through the node's first block, so
+    that block's next use is the node's. Needs the whole trace up front; a bound for
+    comparison, never a deployable policy.
+    """
+
+    def __init__(self, future: FutureIndex, block_tokens: int):
+        self.future = future
+        self.block_tokens = block_tokens
+
+    def get_priority(self, node: Any) -> tuple[float, float]:
+        first = node.key.token_ids[0]
+        if first >= _OUTPUT_TOKEN_BASE:
+            return (float("-inf"), node.last_access_time)
+        block = (first - 1) // self.block_tokens
+        return (-self.future.next_use(block), node.last_access_time)
+
+
+class HostTier:
+    """Write-through host copies of pages, least recently used dropped first."""
+
+    def __init__(self, capacity_pages: int):
+        self.capacity = capacity_pages
+        self.pages: OrderedDict[Any, None] = OrderedDict()
+
+    def write(self, page_keys: list) -> None:
+        for key in page_keys:
+            self.pages[key] = None
+            self.pages.move_to_end(key)
+        while len(self.pages) > self.capacity:
+            self.pages.popitem(last=False)
+
+    def hit_pages(self, page_keys: list, start: int) -> int:
+        """Consecutive pages from ``start`` held on host (refreshed on hit)."""
+        n = 0
+        for key in page_keys[start:]:
+            if key not in self.pages:
+                break
+            self.pages.move_to_end(key)
+            n += 1
+        return n
+
+
+class Replayer:
+    """One (trace, policy, capacity) replay; :meth:`run` returns a ReplayResult."""
+
+    def __init__(self, trace: Trace, cost_model: KVCostModel, config: ReplayConfig):
+        self.trace = trace
+        self.cfg = config
+        self.sequential = config.mode == "sequential"
+        self.block_tokens = 1 if self.sequential else trace.block_size
+        self.page_size = 1 if self.sequential else config.page_size
+        self.cost = cost_model
+        self.future = FutureIndex(trace) if config.policy == OPTIMAL else None
+        self.cache, self.allocator = self._build_cache()
+        self.host = None
+        if config.host_tier_tokens > 0:
+            self.host = HostTier(config.host_tier_tokens // self.page_size)
+        self.result = ReplayResult(
+            policy=config.policy,
+            capacity_label=config.capacity_label,
+            capacity_fraction=config.capacity_fraction,
+            capacity_tokens=config.capacity_tokens,
+            mode=config.mode,
+            cache=config.cache,
+            host_tier_tokens=config.host_tier_tokens,
+        )
+
+    # ---- cache construction -------------------------------------------------
+
+    def _build_cache(self):
+        size = self.cfg.capacity_tokens // self.page_size * self.page_size
+        if size < self.page_size:
+            raise ValueError(f"capacity of {self.cfg.capacity_tokens} tokens is below one page")
+        if self.page_size == 1:
+            from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+            allocator = TokenToKVPoolAllocator(
+                size=size, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False
+            )
+        else:
+            from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+            allocator = PagedTokenToKVPoolAllocator(
+                size=size,
+                page_size=self.page_size,
+                dtype=torch.bfloat16,
+                device="cpu",
+                kvcache=None,
+                need_sort=False,
+            )
+        policy, policy_config = self.cfg.policy, self.cfg.policy_config
+        if policy == OPTIMAL:
+            policy, policy_config = "lru", None
+        params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=allocator,
+            page_size=self.page_size,
+            eviction_policy=policy,
+            eviction_policy_config=policy_config,
+            tree_core_backend="python",
+        )
+        if self.cfg.cache == "unified":
+            from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+            params.tree_components = (ComponentType.FULL,)
+        if self.cfg.cache == "radix":
+            cache = RadixCache(params)
+            strategy_owner = cache
+        else:
+            from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+            cache = UnifiedRadixCache(params)
+            strategy_owner = cache.tree_core
+        if self.cfg.policy == OPTIMAL:
+            strategy_owner.eviction_strategy = BeladyStrategy(self.future, self.block_tokens)
+        return cache, allocator
+
+    # ---- keys ---------------------------------------------------------------
+
+    def _prompt_tokens(self, req: Request) -> np.ndarray:
+        if self.sequential:
+            return np.asarray(req.hash_ids, dtype=np.int64) + 1
+        bt = self.block_tokens
+        ids = np.asarray(req.hash_ids, dtype=np.int64)
+        tokens = (ids[:, None] * bt + np.arange(1, bt + 1, dtype=np.int64)).reshape(-1)
+        return tokens[: req.input_length]
+
+    def _sequence_tokens(self, idx: int, req: Request, prompt: np.ndarray) -> np.ndarray:
+        if self.sequential or req.output_length == 0:
+            return prompt
+        out = _OUTPUT_TOKEN_BASE + (idx << 20) + np.arange(req.output_length, dtype=np.int64)
+        return np.concatenate([prompt, out])
+
+    def _page_keys(self, idx: int, req: Request, num_tokens: int) -> list:
+        """Content keys of the sequence's full pages (block id + page, or request-unique)."""
+        per_block = self.block_tokens // self.page_size
+        keys = []
+        for p in range(num_tokens // self.page_size):
+            b = p // per_block
+            if (b + 1) * self.block_tokens <= req.input_length:
+                keys.append((req.hash_ids[b], p % per_block))
+            else:  # partial last block or output: never shared
+                keys.append((-1 - idx, p))
+        return keys
+
+    # ---- the replay ---------------------------------------------------------
+
+    def run(self, progress=None) -> ReplayResult:
+        reqs = self.trace.requests
+        if self.sequential:
+            for i, req in enumerate(reqs):
+                self._sequential_step(i, req)
+                if progress:
+                    progress()
+            return self.result
+        queue: deque = deque()
+        events: list = []  # heap of (time, seq, step, state); step 0 prefill done, 1 finish
+        arrivals = iter(enumerate(reqs))
+        next_arrival = next(arrivals, None)
+        seq = 0
+        while next_arrival is not None or queue or events:
+            t_arrive = reqs[next_arrival[0]].timestamp_s if next_arrival else float("inf")
+            if events and events[0][0] < t_arrive:
+                now, _, step, state = heapq.heappop(events)
+                if step == 0:
+                    self._checkpoint(state, state["req"].input_length, finished=False)
+                    continue
+                self._finish(state)
+                if progress:
+                    progress()
+            else:
+                now = t_arrive
+                queue.append(next_arrival)
+                next_arrival = next(arrivals, None)
+            while queue:
+                idx, req = queue[0]
+                state = self._admit(idx, req, now)
+                if state is None:
+                    break
+                queue.popleft()
+                if state is _REJECTED:
+                    if progress:
+                        progress()
+                    continue
+                seq += 1
+                heapq.heappush(events, (state["prefilled"], seq, 0, state))
+                heapq.heappush(events, (state["finish"], seq, 1, state))
+        return self.result
+
+    def _timed(self, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.result.cache_cpu_s += time.perf_counter() - t0
+        return out
+
+    def _alloc(self, need: int):
+        """Allocate ``need`` slots, evicting the shortfall first as SGLang does."""
+        if need == 0:
+            return torch.empty((0,), dtype=torch.int64)
+        out = self.allocator.alloc(need)
+        if out is None:
+            shortfall = need - self.allocator.available_size()
+            evicted = self._timed(
+                self.cache.evict, EvictParams(num_tokens=shortfall)
+            ).num_tokens_evicted
+            if evicted:
+                self.result.evictions += 1
+                self.result.evicted_tokens += evicted
+            out = self.allocator.alloc(need)
+        return out
+
+    def _account_hit(self, req: Request, device: int, host: int) -> None:
+        r = self.result
+        r.requests += 1
+        hit = device + host
+        r.prompt_blocks += len(req.hash_ids)
+        r.prompt_tokens += req.input_length
+        r.prompt_flops += self.cost.prefill_flops(0, req.input_length)
+        if self.sequential:  # a key element is a block
+            hit_tokens = min(hit * self.trace.block_size, req.input_length)
+            r.hit_blocks += hit
+        else:
+            hit_tokens = hit
+            r.hit_blocks += min(hit, req.input_length) // self.trace.block_size
+        r.hit_tokens += hit_tokens
+        r.host_hit_tokens += host
+        r.saved_flops += self.cost.prefill_flops(0, hit_tokens)
+
+    def _sequential_step(self, idx: int, req: Request) -> None:
+        if self.future is not None:
+            self.future.now = idx
+        prompt = self._prompt_tokens(req)
+        if len(prompt) > self.allocator.size:
+            self.result.requests += 1
+            self.result.rejected += 1
+            return
+        state = self._admit(idx, req, req.timestamp_s)
+        if state is None or state is _REJECTED:
+            self.result.rejected += 1
+            return
+        # One node per block, so eviction is block-granular like the trace's figures:
+        # the tree splits nodes but never merges them, so block-by-block inserts stick.
+        # Nothing is evicted between these inserts, so the prefix needs no lock.
+        self._timed(self.cache.unlock, state["lock"])
+        key = RadixKey(array("q", prompt.tobytes()))
+        values = state["values"]
+        prefix = state["protected"]
+        for end in range(min(prefix + 1, len(prompt)), len(prompt) + 1):
+            # The first insert counts a hit on every node of the path, as SGLang's does.
+            inserted = 0 if end <= prefix + 1 else end - 1
+            self._timed(self.cache.insert, InsertParams(
+                key=key[:end], value=values[:end], prev_prefix_len=max(prefix, end - 1),
+                inserted_len=inserted,
+            ))
+
+    def _admit(self, idx: int, req: Request, now: float):
+        """Admit ``req`` at ``now``: a running state, _REJECTED, or None to keep waiting."""
+        if self.future is not None:
+            self.future.now = idx
+        prompt = self._prompt_tokens(req)
+        total = len(prompt) if self.sequential else req.input_length + req.output_length
+        padded = -(-total // self.page_size) * self.page_size
+        if padded > self.allocator.size:
+            self.result.requests += 1
+            self.result.rejected += 1
+            return _REJECTED
+        key = RadixKey(array("q", prompt.tobytes()))
+        match = self._timed(self.cache.match_prefix, MatchPrefixParams(key=key))
+        prefix = match.device_prefix_len
+        need = padded - prefix
+        lock = self._timed(self.cache.lock, match.last_device_node)
+        # As PrefillAdder: admit only what available + evictable memory can hold,
+        # so nothing is evicted for a request that has to wait anyway.
+        fits = need <= self.allocator.available_size() + self.cache.evictable_size()
+        new = self._alloc(need) if fits else None
+        if new is None:
+            self._timed(self.cache.unlock, lock)
+            return None
+        host = 0
+        page_keys = None
+        if self.host is not None:
+            page_keys = self._page_keys(idx, req, total)
+            prompt_pages = req.input_length // self.page_size
+            host_pages = self.host.hit_pages(page_keys[:prompt_pages], prefix // self.page_size)
+            host = host_pages * self.page_size
+        self._account_hit(req, prefix, host)
+        prefill_s = (
+            self.cost.prefill_seconds(prefix + host, req.input_length)
+            + host * self.cost.reload_seconds_per_token
+        )
+        if not self.sequential:
+            self.result.ttfts.append(now - req.timestamp_s + prefill_s)
+        prefix_values = self.cache.path_device_indices(match.last_device_node)[:prefix]
+        return {
+            "prefilled": now + prefill_s,
+            "finish": now + prefill_s + req.output_length * self.cfg.decode_s_per_token,
+            "idx": idx,
+            "req": req,
+            "tokens": self._sequence_tokens(idx, req, prompt),
+            "protected": prefix,  # tree-owned head of the request's row
+            "inserted": 0,
+            "lock": lock,
+            "values": torch.cat([prefix_values, new]),
+            "page_keys": page_keys,
+        }
+
+    def _checkpoint(self, s: dict, up_to: int, finished: bool) -> None:
+        """Publish ``tokens[:up_to]`` as SGLang's ``checkpoint`` does; move the lock."""
+        if self.future is not None:
+            self.future.now = s["idx"]
+        ps = self.page_size
+        aligned = up_to // ps * ps
+        protected = s["protected"]
+        if aligned <= protected:
+            return
+        key = RadixKey(array("q", s["tokens"][:aligned].tobytes()))
+        values = s["values"][:aligned].clone()
+        res = self._timed(self.cache.insert, InsertParams(
+            key=key, value=values, prev_prefix_len=protected, inserted_len=s["inserted"],
+        ))
+        if self.cfg.cache == "radix":  # the unified tree frees its duplicates itself
+            self.allocator.free(values[protected : res.prefix_len])
+        prompt_len = s["req"].input_length // ps * ps
+        if finished and 0 < prompt_len < aligned:
+            # SGLang splits the leaf at the prompt boundary (prompt one priority up).
+            self._timed(self.cache.insert, InsertParams(
+                key=key[:prompt_len], value=values[:prompt_len], prev_prefix_len=prompt_len,
+                inserted_len=prompt_len, priority=1,
+            ))
+        s["inserted"] = max(s["inserted"], aligned)
+        tree_values = self.cache.path_device_indices(res.last_device_node)
+        s["values"][protected : len(tree_values)] = tree_values[protected:]
+        s["protected"] = len(tree_values)
+        self._timed(self.cache.unlock, s["lock"])
+        s["lock"] = self._timed(self.cache.lock, res.last_device_node)
+        if self.host is not None and finished:
+            self.host.write(s["page_keys"])
+            if self.cfg.cache == "radix":
+                self._mark_backed_up(res.last_device_node)
+
+    def _finish(self, s: dict) -> None:
+        """Publish the whole sequence, free the unaligned tail, drop the lock."""
+        self._checkpoint(s, len(s["tokens"]), finished=True)
+        self.allocator.free(s["values"][s["protected"] :])
+        self._timed(self.cache.unlock, s["lock"])
+
+    def _mark_backed_up(self, node: Any) -> None:
+        """Flag a written-through path as host-backed (legacy tree only)."""
+        while node is not None and node is not self.cache.root_node:
+            node.backuped = True
+            node = node.parent
+
+
+_REJECTED = object()
+
+
+def build_strategy_factories() -> list[str]:
+    """Names of the policies a replay can run: SGLang's registry plus the bound."""
+    return [*_EVICTION_POLICY_FACTORIES, OPTIMAL]
