@@ -3,18 +3,19 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Site-packages of the venv, read when the recipe line runs (after the venv exists).
+SITE = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 .PHONY: bench test analyze clean
 
 $(STAMP): requirements/cpu.txt requirements/constraints.txt pyproject.toml tools/cpu_env/sglang_cpu_shims.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/cpu.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	cp tools/cpu_env/sglang_cpu_shims.py $(SITE)/
-	echo "import sglang_cpu_shims" > $(SITE)/sglang_cpu_shims.pth
+	cp tools/cpu_env/sglang_cpu_shims.py "$(SITE)/"
+	echo "import sglang_cpu_shims" > "$(SITE)/sglang_cpu_shims.pth"
 	touch $(STAMP)
 
 ## make bench: set up on first use, then compare the eviction policies on the shipped trace
@@ -30,3 +31,18 @@ analyze: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# ---- Upstream PR export ------------------------------------------------------
+# TORCH_INDEX_URL (default empty): where the venv's torch comes from, e.g.
+# https://download.pytorch.org/whl/cpu on a machine whose default index serves CUDA torch.
+OUT ?= out/upstream-patch
+
+.PHONY: upstream-patch upstream-check
+
+## make upstream-patch OUT=dir: the project as a git format-patch series against sglang 0.5.23
+upstream-patch: $(STAMP)
+	$(PY) benchmark/mla_eviction/upstream_patch.py export --out $(OUT)
+
+## make upstream-check: apply that series to a fresh sglang 0.5.23 tree and run its tests there
+upstream-check: $(STAMP)
+	$(PY) benchmark/mla_eviction/upstream_patch.py check

@@ -191,7 +191,9 @@ class KVCostModel:
             qk_dim = nope + rope
             per_layer = (latent + rope) * dtype_bytes
             attn_flops = 2 * heads * (qk_dim + v_dim) * layers
-            mha_equiv = heads * (qk_dim + v_dim) * 2 * layers / tp_size
+            # Un-absorbed K/V in the same dtype, sharded by heads (replicated when
+            # there are fewer heads than ranks), as the GQA branch below.
+            mha_equiv = math.ceil(heads / tp_size) * (qk_dim + v_dim) * dtype_bytes * layers
             window = indexer_flops = None
             if kind is AttentionKind.DSA:
                 index_dim = fields.int("index_head_dim")

@@ -1,0 +1,348 @@
+"""Exact eviction orders of the mla_aware policy on SGLang's real trees, on CPU.
+
+Every tree below is hand-built on a real ``RadixCache`` or ``UnifiedRadixCache``
+(Python tree core) over a real ``TokenToKVPoolAllocator``. Nodes are named by their
+first token; ``evict(1)`` drops exactly one leaf, so repeating it gives the order.
+Access times are set by hand relative to each tree's clock (seconds for
+RadixCache, logical ticks for the unified tree).
+"""
+
+import time
+import unittest
+from array import array
+from types import SimpleNamespace
+
+import torch
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.mla_aware_policy import (
+    MLAAwareStrategy,
+    PolicyConfigError,
+    create_mla_aware_strategy,
+    parse_policy_config,
+    prefix_end,
+)
+from sglang.srt.mem_cache.mla_cost_model import KVCostModel
+from sglang.srt.mem_cache.mla_eviction_plugin import register
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_cache.components import base as unified_base
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.mem_cache.utils import get_eviction_strategy
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+
+SIZE = 4096
+POLICY_CONFIG = {"model": "deepseek-v3"}
+
+
+class TreeHarness:
+    """One real cache over a real CPU allocator, with a few test helpers."""
+
+    def __init__(self, kind, policy, config=None):
+        kv = MLATokenToKVPool(
+            size=SIZE, page_size=1, dtype=torch.bfloat16, kv_lora_rank=8,
+            qk_rope_head_dim=4, layer_num=1, device="cpu", enable_memory_saver=False,
+        )
+        self.allocator = TokenToKVPoolAllocator(SIZE, torch.bfloat16, "cpu", kv, need_sort=False)
+        params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToTokenPool(
+                size=4, max_context_len=SIZE, device="cpu", enable_memory_saver=False
+            ),
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=1,
+            eviction_policy=policy,
+            eviction_policy_config=config,
+        )
+        if kind == "radix":
+            self.cache = RadixCache(params)
+            self.strategy = self.cache.eviction_strategy
+            self.now = time.monotonic
+            self.tick = 1.0  # seconds
+        else:
+            params.tree_components = (ComponentType.FULL,)
+            params.tree_core_backend = "python"
+            self.cache = UnifiedRadixCache(params)
+            self.strategy = self.cache.tree_core.eviction_strategy
+            self.now = lambda: unified_base._LAST_ACCESS_TIME_COUNTER_FLOAT
+            self.tick = 100.0  # logical ticks; eviction itself may advance a few
+
+    def insert(self, tokens):
+        value = self.allocator.alloc(len(tokens))
+        result = self.cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
+        if isinstance(self.cache, RadixCache):
+            # The legacy tree leaves the duplicated prefix to the caller.
+            self.allocator.free(value[: result.prefix_len])
+        self.check_integrity()
+
+    def check_integrity(self):
+        free, cached = self.allocator.available_size(), self.cache.evictable_size()
+        assert free + cached == SIZE, f"free {free} + cached {cached} != pool {SIZE}"
+
+    def nodes(self):
+        out, stack = {}, list(self.cache.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            out[node.key.token_ids[0]] = node
+            stack.extend(node.children.values())
+        return out
+
+    def node(self, first_token):
+        return self.nodes()[first_token]
+
+    def set_age(self, first_token, age_ticks, hit_count=None):
+        node = self.node(first_token)
+        node.last_access_time = self.now() - age_ticks * self.tick
+        if hit_count is not None:
+            node.hit_count = hit_count
+
+    def eviction_order(self):
+        order = []
+        while self.cache.evictable_size() > 0:
+            before = set(self.nodes())
+            self.cache.evict(EvictParams(num_tokens=1))
+            gone = before - set(self.nodes())
+            assert len(gone) == 1, gone
+            order.append(gone.pop())
+            self.check_integrity()
+        return order
+
+
+KINDS = ("radix", "unified")
+
+
+def span(start, length):
+    return list(range(start, start + length))
+
+
+class TestEvictionOrder(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        register()
+
+    def test_shallow_leaf_goes_before_deep_one(self):
+        # root -+- P [0, 1000) -- D [9000, 9064)     (deep: positions 1000..1063)
+        #       +- S [5000, 5064)                    (shallow: positions 0..63)
+        # D and P are a little older than S: LRU drops D, then P. Restoring D costs
+        # more prefill (its tokens attend to 1000 more positions), so mla_aware drops
+        # S first.
+        for kind in KINDS:
+            for policy, expected in (("lru", [9000, 0, 5000]), ("mla_aware", [5000, 9000, 0])):
+                with self.subTest(kind=kind, policy=policy):
+                    t = TreeHarness(kind, policy, POLICY_CONFIG if policy == "mla_aware" else None)
+                    t.insert(span(0, 1000))
+                    t.insert(span(0, 1000) + span(9000, 64))
+                    t.insert(span(5000, 64))
+                    t.set_age(0, 10.0)
+                    t.set_age(9000, 10.0)
+                    t.set_age(5000, 9.99)
+                    self.assertEqual(t.eviction_order(), expected)
+
+    def test_same_recency_shallow_first(self):
+        for kind in KINDS:
+            with self.subTest(kind=kind):
+                t = TreeHarness(kind, "mla_aware", POLICY_CONFIG)
+                t.insert(span(0, 64))
+                t.insert(span(0, 64) + span(9000, 64))
+                t.insert(span(5000, 64))
+                for first in (0, 9000, 5000):
+                    t.set_age(first, 10.0)
+                self.assertEqual(t.eviction_order(), [5000, 9000, 0])
+
+    def test_leaf_with_more_hits_outlives_an_older_equal_one(self):
+        # Two equal leaves; A is older but was hit 3 times, B is newer and never hit.
+        for kind in KINDS:
+            for policy, expected in (("lru", [100, 200]), ("mla_aware", [200, 100])):
+                with self.subTest(kind=kind, policy=policy):
+                    t = TreeHarness(kind, policy, POLICY_CONFIG if policy == "mla_aware" else None)
+                    t.insert(span(100, 32))
+                    t.insert(span(200, 32))
+                    t.set_age(100, 30.0, hit_count=3)
+                    t.set_age(200, 10.0, hit_count=0)
+                    self.assertEqual(t.eviction_order(), expected)
+
+    def test_host_backed_leaf_goes_first(self):
+        # The legacy tree has no HiCache; `backuped` is the flag HiCache nodes carry.
+        # H is newer but backed up on host (a reload, ~66x cheaper than recompute
+        # for DeepSeek-V3); U is older and would have to be recomputed.
+        for policy, expected in (("lru", [100, 200]), ("mla_aware", [200, 100])):
+            with self.subTest(policy=policy):
+                t = TreeHarness("radix", policy, POLICY_CONFIG if policy == "mla_aware" else None)
+                t.insert(span(100, 32))
+                t.insert(span(200, 32))
+                t.set_age(100, 30.0)
+                t.set_age(200, 1.0)
+                t.node(200).backuped = True
+                self.assertEqual(t.eviction_order(), expected)
+
+    def test_host_backed_unified_node_scores_lower(self):
+        # On the unified tree `backuped` means a Full host value is present;
+        # score real nodes (evicting would demote through a host pool).
+        t = TreeHarness("unified", "mla_aware", POLICY_CONFIG)
+        t.insert(span(100, 32))
+        t.insert(span(200, 32))
+        t.set_age(100, 30.0)
+        t.set_age(200, 1.0)
+        backed = t.node(200)
+        unbacked = t.node(100)
+        self.assertGreater(t.strategy.get_priority(backed), t.strategy.get_priority(unbacked))
+        backed.component(ComponentType.FULL).host_value = torch.arange(32)
+        try:
+            self.assertTrue(backed.backuped)
+            self.assertLess(t.strategy.get_priority(backed), t.strategy.get_priority(unbacked))
+        finally:
+            backed.component(ComponentType.FULL).host_value = None
+
+    def test_lru_flag_off_is_upstream_order(self):
+        # A tree where mla_aware would reorder: depth, hits and size all differ.
+        # Under "lru" the order is exactly oldest access first, as upstream.
+        for kind in KINDS:
+            with self.subTest(kind=kind):
+                t = TreeHarness(kind, "lru")
+                self.assertIs(type(t.strategy), type(get_eviction_strategy("lru")))
+                t.insert(span(0, 512))
+                t.insert(span(0, 512) + span(1000, 8))
+                t.insert(span(0, 512) + span(2000, 64))
+                t.insert(span(3000, 16))
+                t.insert(span(4000, 128))
+                ages = {0: 1.0, 1000: 5.0, 2000: 2.0, 3000: 4.0, 4000: 3.0}
+                for first, age in ages.items():
+                    t.set_age(first, age, hit_count=first // 1000)
+                self.assertEqual(t.eviction_order(), [1000, 3000, 4000, 2000, 0])
+
+    def test_mla_aware_equals_lru_when_nodes_are_alike(self):
+        # Same depth, size and hits: only recency is left.
+        for kind in KINDS:
+            with self.subTest(kind=kind):
+                orders = []
+                for policy in ("lru", "mla_aware"):
+                    t = TreeHarness(kind, policy, POLICY_CONFIG if policy == "mla_aware" else None)
+                    for first, age in ((100, 3.0), (200, 7.0), (300, 1.0), (400, 5.0)):
+                        t.insert(span(first, 16))
+                        t.set_age(first, age)
+                    orders.append(t.eviction_order())
+                self.assertEqual(orders[0], [200, 400, 100, 300])
+                self.assertEqual(orders[0], orders[1])
+
+    def test_prefix_end_survives_split(self):
+        t = TreeHarness("radix", "mla_aware", POLICY_CONFIG)
+        t.insert(span(0, 100))
+        leaf = t.node(0)
+        self.assertEqual(prefix_end(leaf), 100)
+        t.insert(span(0, 40) + span(7000, 10))  # splits [0, 100) at 40
+        nodes = t.nodes()
+        self.assertEqual(prefix_end(nodes[0]), 40)
+        self.assertEqual(prefix_end(nodes[40]), 100)
+        self.assertEqual(prefix_end(nodes[7000]), 50)
+
+
+class TestStrategyWithMockNodes(CustomTestCase):
+    """The scoring rules in isolation, as upstream's test_evict_policy.py does."""
+
+    def setUp(self):
+        self.root = SimpleNamespace(parent=None, key=[])
+        self.now = time.monotonic()
+
+    def leaf(self, length, *, depth=0, age=10.0, hits=0, backuped=False):
+        parent = self.root
+        if depth:
+            parent = SimpleNamespace(parent=self.root, key=[0] * depth)
+        return SimpleNamespace(parent=parent, key=[0] * length, hit_count=hits,
+                               last_access_time=self.now - age, backuped=backuped)
+
+    def strategy(self, **kwargs):
+        return MLAAwareStrategy(KVCostModel.from_preset("deepseek-v3"), **kwargs)
+
+    def test_depth_and_host_switches(self):
+        on = self.strategy()
+        deep, shallow = self.leaf(64, depth=8000), self.leaf(64)
+        self.assertLess(on.get_priority(shallow), on.get_priority(deep))
+        off = self.strategy(depth_aware=False)  # ages differ by the clock's drift only
+        ratio = off.get_priority(shallow)[0] / off.get_priority(deep)[0]
+        self.assertAlmostEqual(ratio, 1.0, places=5)
+
+        backed, unbacked = self.leaf(64, age=1.0, backuped=True), self.leaf(64, age=30.0)
+        self.assertLess(on.get_priority(backed), on.get_priority(unbacked))
+        host_off = self.strategy(host_aware=False)
+        self.assertGreater(host_off.get_priority(backed), host_off.get_priority(unbacked))
+
+    def test_hit_exponent(self):
+        hot, cold = self.leaf(32, age=30.0, hits=3), self.leaf(32, age=10.0)
+        self.assertLess(self.strategy().get_priority(cold), self.strategy().get_priority(hot))
+        flat = self.strategy(hit_exponent=0)
+        self.assertLess(flat.get_priority(hot), flat.get_priority(cold))
+
+    def test_empty_node_goes_first(self):
+        empty = self.leaf(0)
+        self.assertEqual(self.strategy().get_priority(empty)[0], float("-inf"))
+
+    def test_bytes_are_page_rounded(self):
+        cm = KVCostModel.from_preset("deepseek-v3", page_size=64)
+        strategy = MLAAwareStrategy(cm)
+        one = self.leaf(1)
+        expected = cm.restore_seconds(0, 1) / (64 * 70_272)
+        self.assertAlmostEqual(strategy.restore_seconds_per_byte(one) / expected, 1.0)
+
+
+class TestPolicyConfig(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        register()
+
+    def test_defaults(self):
+        cfg = parse_policy_config(None)
+        self.assertEqual(cfg["model"], "deepseek-v3")
+        self.assertEqual(cfg["hit_exponent"], 1.0)
+        strategy = create_mla_aware_strategy()
+        self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
+
+    def test_setup_keys_reach_the_cost_model(self):
+        strategy = create_mla_aware_strategy(
+            model="llama-3-70b", tp_size=8, page_size=16, gpu_tflops=100, h2d_gbps=50
+        )
+        cm = strategy.cost_model
+        self.assertEqual((cm.bytes_per_token, cm.page_size), (40_960, 16))
+        self.assertEqual(cm.gpu_flops_per_s, 100e12)
+        self.assertEqual(cm.host_to_device_bytes_per_s, 50e9)
+
+    def test_unknown_key_is_named(self):
+        with self.assertRaises(PolicyConfigError) as ctx:
+            create_mla_aware_strategy(hit_exponnent=2)
+        self.assertIn("'hit_exponnent'", str(ctx.exception))
+
+    def test_bad_values_are_named(self):
+        cases = {
+            "hit_exponent": {"hit_exponent": "high"},
+            "depth_aware": {"depth_aware": 1},
+            "tp_size": {"tp_size": 0},
+            "page_size": {"page_size": True},
+            "gpu_tflops": {"gpu_tflops": -1.0},
+            "model": {"model": "deepseek-v9"},
+        }
+        for key, config in cases.items():
+            with self.subTest(key=key):
+                with self.assertRaises(PolicyConfigError) as ctx:
+                    create_mla_aware_strategy(**config)
+                self.assertIn(f"'{key}'", str(ctx.exception))
+
+    def test_bad_config_fails_when_the_tree_is_built(self):
+        with self.assertRaises(ValueError) as ctx:
+            TreeHarness("radix", "mla_aware", {"bogus": 1})
+        self.assertIn("'bogus'", str(ctx.exception))
+        with self.assertRaises(ValueError) as ctx:
+            TreeHarness("unified", "mla_aware", {"hit_exponent": -1})
+        self.assertIn("'hit_exponent'", str(ctx.exception))
+
+    def test_registered_under_its_name(self):
+        self.assertIsInstance(get_eviction_strategy("mla_aware", POLICY_CONFIG), MLAAwareStrategy)
+        self.assertIsInstance(get_eviction_strategy("MLA_AWARE"), MLAAwareStrategy)
+
+
+if __name__ == "__main__":
+    unittest.main()
