@@ -58,9 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy-config", default=None, help="JSON config for mla_aware")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
-    p.add_argument("--gpu-tflops", type=float, default=400.0, help="sustained prefill TFLOP/s")
+    p.add_argument("--gpu-tflops", type=float, default=3200.0,
+                   help="sustained prefill TFLOP/s of the serving instance (default: 8 GPUs x 400)")
     p.add_argument("--h2d-gbps", type=float, default=25.0, help="host-to-device GB/s")
-    p.add_argument("--decode-ms-per-token", type=float, default=30.0)
+    p.add_argument("--decode-ms-per-token", type=float, default=20.0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--json", dest="json_path", help="write results JSON here")
     p.add_argument("--markdown", help="write the markdown table here")
@@ -120,7 +121,6 @@ def build_cost_model(args):
 
 def parse_capacities(text: str, args, trace, cost) -> list[tuple[str, Optional[float], int]]:
     """(label, share of unique blocks or None, tokens) for each --capacity item."""
-    unit = 1 if args.mode == "sequential" else trace.block_size
     unique = trace.num_unique_blocks()
     out = []
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -131,7 +131,7 @@ def parse_capacities(text: str, args, trace, cost) -> list[tuple[str, Optional[f
                 raise UsageError(f"--capacity {item!r}: not a percentage") from None
             if not 0 < share <= 1:
                 raise UsageError(f"--capacity {item!r}: must be in (0%, 100%]")
-            out.append((item, share, int(round(share * unique)) * unit))
+            out.append((item, share, int(round(share * unique)) * trace.block_size))
         else:
             from sglang.srt.mem_cache.mla_eviction_budget import parse_size
 
@@ -139,8 +139,6 @@ def parse_capacities(text: str, args, trace, cost) -> list[tuple[str, Optional[f
                 free = parse_size(item) - parse_size(args.weights)
             except ValueError as e:
                 raise UsageError(f"--capacity/--weights: {e}") from None
-            if args.mode == "sequential":
-                raise UsageError("--capacity as memory needs --mode timed (sequential counts blocks)")
             tokens = cost.tokens_for_bytes(free)
             if tokens <= 0:
                 raise UsageError(f"--capacity {item!r} minus --weights {args.weights!r} leaves no KV memory")
@@ -204,7 +202,8 @@ def plan(args, trace, cost):
             if name == "mla_aware":
                 cfg = {
                     "model": args.model, "kv_cache_dtype": args.kv_cache_dtype, "tp_size": args.tp,
-                    "page_size": 1 if args.mode == "sequential" else args.page_size,
+                    "page_size": args.page_size,
+                    "key_unit_tokens": args.block_size if args.mode == "sequential" else args.page_size,
                     "gpu_tflops": args.gpu_tflops, "h2d_gbps": args.h2d_gbps,
                     **(policy_config or {}),
                 }

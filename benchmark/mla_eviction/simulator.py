@@ -10,10 +10,14 @@ classes; this module only plays the scheduler's part around them, the way
     finish: insert(prompt + output, page-aligned) -> free duplicates and the
             unaligned tail -> unlock
 
-Token ids are derived from the trace's block ids, so equal ids share a prefix:
-token ``i`` of block ``h`` is ``h * block_tokens + i + 1``; output tokens get ids no
-prompt can have. In ``sequential`` mode a key holds one element per block (the block
-hit rate of the trace README); in ``timed`` mode it holds real tokens.
+Keys are paged: one key element stands for one page of ``unit`` tokens, the tree runs
+with ``page_size=1`` and the allocator counts pages. SGLang's paged tree stores, matches
+and evicts only whole pages and allocates page-aligned, so this is the same tree
+behaviour with 1/unit of the index-tensor work. Element ids come from the trace's
+block ids, so equal ids mean equal content: page ``j`` of block ``h`` is
+``h * pages_per_block + j + 1``; a page holding output or a partial block gets an id
+no other request can have. ``timed`` mode uses the serving page size as the unit,
+``sequential`` mode one element per block (the block hit rate of the trace README).
 
 The optional host tier is modelled here (SGLang's HiCache controller needs CUDA
 streams): a write-through LRU of pages keyed by content. A node whose pages were
@@ -139,20 +143,20 @@ class BeladyStrategy(EvictionStrategy):
     comparison, never a deployable policy.
     """
 
-    def __init__(self, future: FutureIndex, block_tokens: int):
+    def __init__(self, future: FutureIndex, pages_per_block: int):
         self.future = future
-        self.block_tokens = block_tokens
+        self.pages_per_block = pages_per_block
 
     def get_priority(self, node: Any) -> tuple[float, float]:
         first = node.key.token_ids[0]
         if first >= _OUTPUT_TOKEN_BASE:
             return (float("-inf"), node.last_access_time)
-        block = (first - 1) // self.block_tokens
+        block = (first - 1) // self.pages_per_block
         return (-self.future.next_use(block), node.last_access_time)
 
 
 class HostTier:
-    """Write-through host copies of pages, least recently used dropped first."""
+    """Write-through host copies of pages (by content id), least recently used dropped first."""
 
     def __init__(self, capacity_pages: int):
         self.capacity = capacity_pages
@@ -183,14 +187,14 @@ class Replayer:
         self.trace = trace
         self.cfg = config
         self.sequential = config.mode == "sequential"
-        self.block_tokens = 1 if self.sequential else trace.block_size
-        self.page_size = 1 if self.sequential else config.page_size
+        self.unit = trace.block_size if self.sequential else config.page_size
+        if trace.block_size % self.unit:
+            raise ValueError(f"page size {self.unit} must divide block size {trace.block_size}")
+        self.pages_per_block = trace.block_size // self.unit
         self.cost = cost_model
         self.future = FutureIndex(trace) if config.policy == OPTIMAL else None
         self.cache, self.allocator = self._build_cache()
-        self.host = None
-        if config.host_tier_tokens > 0:
-            self.host = HostTier(config.host_tier_tokens // self.page_size)
+        self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None
         self.result = ReplayResult(
             policy=config.policy,
             capacity_label=config.capacity_label,
@@ -204,26 +208,14 @@ class Replayer:
     # ---- cache construction -------------------------------------------------
 
     def _build_cache(self):
-        size = self.cfg.capacity_tokens // self.page_size * self.page_size
-        if size < self.page_size:
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+        pages = self.cfg.capacity_tokens // self.unit
+        if pages < 1:
             raise ValueError(f"capacity of {self.cfg.capacity_tokens} tokens is below one page")
-        if self.page_size == 1:
-            from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-
-            allocator = TokenToKVPoolAllocator(
-                size=size, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False
-            )
-        else:
-            from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-
-            allocator = PagedTokenToKVPoolAllocator(
-                size=size,
-                page_size=self.page_size,
-                dtype=torch.bfloat16,
-                device="cpu",
-                kvcache=None,
-                need_sort=False,
-            )
+        allocator = TokenToKVPoolAllocator(
+            size=pages, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False
+        )
         policy, policy_config = self.cfg.policy, self.cfg.policy_config
         if policy == OPTIMAL:
             policy, policy_config = "lru", None
@@ -231,56 +223,38 @@ class Replayer:
             disable=False,
             req_to_token_pool=None,
             token_to_kv_pool_allocator=allocator,
-            page_size=self.page_size,
+            page_size=1,
             eviction_policy=policy,
             eviction_policy_config=policy_config,
             tree_core_backend="python",
         )
-        if self.cfg.cache == "unified":
-            from sglang.srt.mem_cache.unified_cache.components import ComponentType
-
-            params.tree_components = (ComponentType.FULL,)
         if self.cfg.cache == "radix":
             cache = RadixCache(params)
             strategy_owner = cache
         else:
+            from sglang.srt.mem_cache.unified_cache.components import ComponentType
             from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+            params.tree_components = (ComponentType.FULL,)
             cache = UnifiedRadixCache(params)
             strategy_owner = cache.tree_core
         if self.cfg.policy == OPTIMAL:
-            strategy_owner.eviction_strategy = BeladyStrategy(self.future, self.block_tokens)
+            strategy_owner.eviction_strategy = BeladyStrategy(self.future, self.pages_per_block)
         return cache, allocator
 
     # ---- keys ---------------------------------------------------------------
 
-    def _prompt_tokens(self, req: Request) -> np.ndarray:
-        if self.sequential:
-            return np.asarray(req.hash_ids, dtype=np.int64) + 1
-        bt = self.block_tokens
-        ids = np.asarray(req.hash_ids, dtype=np.int64)
-        tokens = (ids[:, None] * bt + np.arange(1, bt + 1, dtype=np.int64)).reshape(-1)
-        return tokens[: req.input_length]
-
-    def _sequence_tokens(self, idx: int, req: Request, prompt: np.ndarray) -> np.ndarray:
-        if self.sequential or req.output_length == 0:
-            return prompt
-        out = _OUTPUT_TOKEN_BASE + (idx << 20) + np.arange(req.output_length, dtype=np.int64)
-        return np.concatenate([prompt, out])
-
-    def _page_keys(self, idx: int, req: Request, num_tokens: int) -> list:
-        """Content keys of the sequence's full pages (block id + page, or request-unique)."""
-        per_block = self.block_tokens // self.page_size
-        keys = []
-        for p in range(num_tokens // self.page_size):
-            b = p // per_block
-            if (b + 1) * self.block_tokens <= req.input_length:
-                keys.append((req.hash_ids[b], p % per_block))
-            else:  # partial last block or output: never shared
-                keys.append((-1 - idx, p))
-        return keys
-
-    # ---- the replay ---------------------------------------------------------
+    def _pages(self, idx: int, req: Request, num_tokens: int) -> np.ndarray:
+        """Element ids of the first ``ceil(num_tokens / unit)`` pages of the sequence."""
+        n_pages = -(-num_tokens // self.unit)
+        full_prompt_pages = req.input_length // self.unit
+        ppb = self.pages_per_block
+        p = np.arange(min(n_pages, full_prompt_pages), dtype=np.int64)
+        ids = np.asarray(req.hash_ids, dtype=np.int64)[p // ppb] * ppb + p % ppb + 1
+        if n_pages > len(p):
+            own = _OUTPUT_TOKEN_BASE + (idx << 24) + np.arange(len(p), n_pages, dtype=np.int64)
+            ids = np.concatenate([ids, own])
+        return ids
 
     def run(self, progress=None) -> ReplayResult:
         reqs = self.trace.requests
@@ -346,43 +320,33 @@ class Replayer:
             out = self.allocator.alloc(need)
         return out
 
-    def _account_hit(self, req: Request, device: int, host: int) -> None:
+    def _account_hit(self, req: Request, device_pages: int, host_pages: int) -> None:
         r = self.result
         r.requests += 1
-        hit = device + host
+        hit = min((device_pages + host_pages) * self.unit, req.input_length)
+        host = min(host_pages * self.unit, hit)
         r.prompt_blocks += len(req.hash_ids)
+        r.hit_blocks += -(-hit // self.trace.block_size) if self.sequential else hit // self.trace.block_size
         r.prompt_tokens += req.input_length
-        r.prompt_flops += self.cost.prefill_flops(0, req.input_length)
-        if self.sequential:  # a key element is a block
-            hit_tokens = min(hit * self.trace.block_size, req.input_length)
-            r.hit_blocks += hit
-        else:
-            hit_tokens = hit
-            r.hit_blocks += min(hit, req.input_length) // self.trace.block_size
-        r.hit_tokens += hit_tokens
+        r.hit_tokens += hit
         r.host_hit_tokens += host
-        r.saved_flops += self.cost.prefill_flops(0, hit_tokens)
+        r.prompt_flops += self.cost.prefill_flops(0, req.input_length)
+        r.saved_flops += self.cost.prefill_flops(0, hit)
 
     def _sequential_step(self, idx: int, req: Request) -> None:
-        if self.future is not None:
-            self.future.now = idx
-        prompt = self._prompt_tokens(req)
-        if len(prompt) > self.allocator.size:
+        state = self._admit(idx, req, req.timestamp_s)
+        if state is None:  # cannot fit even with everything evicted
             self.result.requests += 1
             self.result.rejected += 1
-            return
-        state = self._admit(idx, req, req.timestamp_s)
         if state is None or state is _REJECTED:
-            self.result.rejected += 1
             return
         # One node per block, so eviction is block-granular like the trace's figures:
         # the tree splits nodes but never merges them, so block-by-block inserts stick.
         # Nothing is evicted between these inserts, so the prefix needs no lock.
         self._timed(self.cache.unlock, state["lock"])
-        key = RadixKey(array("q", prompt.tobytes()))
-        values = state["values"]
-        prefix = state["protected"]
-        for end in range(min(prefix + 1, len(prompt)), len(prompt) + 1):
+        key = RadixKey(array("q", state["pages"].tobytes()))
+        values, prefix = state["values"], state["protected"]
+        for end in range(min(prefix + 1, len(key)), len(key) + 1):
             # The first insert counts a hit on every node of the path, as SGLang's does.
             inserted = 0 if end <= prefix + 1 else end - 1
             self._timed(self.cache.insert, InsertParams(
@@ -394,17 +358,17 @@ class Replayer:
         """Admit ``req`` at ``now``: a running state, _REJECTED, or None to keep waiting."""
         if self.future is not None:
             self.future.now = idx
-        prompt = self._prompt_tokens(req)
-        total = len(prompt) if self.sequential else req.input_length + req.output_length
-        padded = -(-total // self.page_size) * self.page_size
-        if padded > self.allocator.size:
+        total = req.input_length if self.sequential else req.input_length + req.output_length
+        pages = self._pages(idx, req, total)
+        if len(pages) > self.allocator.size:
             self.result.requests += 1
             self.result.rejected += 1
             return _REJECTED
-        key = RadixKey(array("q", prompt.tobytes()))
+        prompt_pages = req.input_length // self.unit
+        key = RadixKey(array("q", pages[: -(-req.input_length // self.unit)].tobytes()))
         match = self._timed(self.cache.match_prefix, MatchPrefixParams(key=key))
         prefix = match.device_prefix_len
-        need = padded - prefix
+        need = len(pages) - prefix
         lock = self._timed(self.cache.lock, match.last_device_node)
         # As PrefillAdder: admit only what available + evictable memory can hold,
         # so nothing is evicted for a request that has to wait anyway.
@@ -414,16 +378,13 @@ class Replayer:
             self._timed(self.cache.unlock, lock)
             return None
         host = 0
-        page_keys = None
         if self.host is not None:
-            page_keys = self._page_keys(idx, req, total)
-            prompt_pages = req.input_length // self.page_size
-            host_pages = self.host.hit_pages(page_keys[:prompt_pages], prefix // self.page_size)
-            host = host_pages * self.page_size
+            host = self.host.hit_pages(pages[:prompt_pages].tolist(), prefix)
         self._account_hit(req, prefix, host)
+        hit = min((prefix + host) * self.unit, req.input_length)
         prefill_s = (
-            self.cost.prefill_seconds(prefix + host, req.input_length)
-            + host * self.cost.reload_seconds_per_token
+            self.cost.prefill_seconds(hit, req.input_length)
+            + min(host * self.unit, hit) * self.cost.reload_seconds_per_token
         )
         if not self.sequential:
             self.result.ttfts.append(now - req.timestamp_s + prefill_s)
@@ -433,31 +394,30 @@ class Replayer:
             "finish": now + prefill_s + req.output_length * self.cfg.decode_s_per_token,
             "idx": idx,
             "req": req,
-            "tokens": self._sequence_tokens(idx, req, prompt),
-            "protected": prefix,  # tree-owned head of the request's row
+            "pages": pages,
+            "protected": prefix,  # tree-owned head of the request's row, in pages
             "inserted": 0,
             "lock": lock,
             "values": torch.cat([prefix_values, new]),
-            "page_keys": page_keys,
         }
 
-    def _checkpoint(self, s: dict, up_to: int, finished: bool) -> None:
-        """Publish ``tokens[:up_to]`` as SGLang's ``checkpoint`` does; move the lock."""
+    def _checkpoint(self, s: dict, up_to_tokens: int, finished: bool) -> None:
+        """Publish the sequence's full pages up to a token count, as SGLang's
+        ``checkpoint`` does (duplicates freed, lock moved to the new last node)."""
         if self.future is not None:
             self.future.now = s["idx"]
-        ps = self.page_size
-        aligned = up_to // ps * ps
+        aligned = up_to_tokens // self.unit
         protected = s["protected"]
         if aligned <= protected:
             return
-        key = RadixKey(array("q", s["tokens"][:aligned].tobytes()))
+        key = RadixKey(array("q", s["pages"][:aligned].tobytes()))
         values = s["values"][:aligned].clone()
         res = self._timed(self.cache.insert, InsertParams(
             key=key, value=values, prev_prefix_len=protected, inserted_len=s["inserted"],
         ))
         if self.cfg.cache == "radix":  # the unified tree frees its duplicates itself
             self.allocator.free(values[protected : res.prefix_len])
-        prompt_len = s["req"].input_length // ps * ps
+        prompt_len = s["req"].input_length // self.unit
         if finished and 0 < prompt_len < aligned:
             # SGLang splits the leaf at the prompt boundary (prompt one priority up).
             self._timed(self.cache.insert, InsertParams(
@@ -471,13 +431,13 @@ class Replayer:
         self._timed(self.cache.unlock, s["lock"])
         s["lock"] = self._timed(self.cache.lock, res.last_device_node)
         if self.host is not None and finished:
-            self.host.write(s["page_keys"])
+            self.host.write(s["pages"][:aligned].tolist())
             if self.cfg.cache == "radix":
                 self._mark_backed_up(res.last_device_node)
 
     def _finish(self, s: dict) -> None:
-        """Publish the whole sequence, free the unaligned tail, drop the lock."""
-        self._checkpoint(s, len(s["tokens"]), finished=True)
+        """Publish the whole sequence, free the partial last page, drop the lock."""
+        self._checkpoint(s, s["req"].input_length + s["req"].output_length, finished=True)
         self.allocator.free(s["values"][s["protected"] :])
         self._timed(self.cache.unlock, s["lock"])
 

@@ -39,6 +39,9 @@ _SETUP_KEYS = {
     "gpu_tflops": ((int, float), 400.0),
     "h2d_gbps": ((int, float), 25.0),
     "calibration": (str, None),
+    # Tokens one radix-key element stands for: 1 in a server (keys are token ids);
+    # trace replays key one element per page or block.
+    "key_unit_tokens": (int, 1),
 }
 _TUNABLE_KEYS = {
     "hit_exponent": ((int, float), 1.0),
@@ -61,8 +64,10 @@ class MLAAwareStrategy(EvictionStrategy):
         hit_exponent: float = 1.0,
         depth_aware: bool = True,
         host_aware: bool = True,
+        key_unit_tokens: int = 1,
     ):
         self.cost_model = cost_model
+        self.key_unit_tokens = key_unit_tokens
         self.hit_exponent = float(hit_exponent)
         self.depth_aware = depth_aware
         self.host_aware = host_aware
@@ -76,10 +81,10 @@ class MLAAwareStrategy(EvictionStrategy):
 
     def restore_seconds_per_byte(self, node: Any) -> float:
         """Restore time of the node's tokens over the bytes they hold (page-rounded)."""
-        n = len(node.key)
+        n = len(node.key) * self.key_unit_tokens
         if n == 0:
             return 0.0
-        end = prefix_end(node) if self.depth_aware else n
+        end = prefix_end(node) * self.key_unit_tokens if self.depth_aware else n
         backed = self.host_aware and getattr(node, "backuped", False)
         seconds = self.cost_model.restore_seconds(end - n, end, backed_up=backed)
         return seconds / self.cost_model.bytes_for_tokens(n)
@@ -148,7 +153,7 @@ def parse_policy_config(config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
                 f"{value!r} (expected {_type_names(types)})"
             )
         out[key] = value
-    for key in ("tp_size", "page_size", "gpu_tflops", "h2d_gbps"):
+    for key in ("tp_size", "page_size", "gpu_tflops", "h2d_gbps", "key_unit_tokens"):
         if out[key] <= 0:
             raise PolicyConfigError(
                 f"mla_aware: --radix-eviction-policy-config key {key!r} must be > 0, "
@@ -184,6 +189,7 @@ def create_mla_aware_strategy(**config: Any) -> MLAAwareStrategy:
     cfg = parse_policy_config(config)
     return MLAAwareStrategy(
         cost_model_from_policy_config(cfg),
+        key_unit_tokens=cfg["key_unit_tokens"],
         **{key: cfg[key] for key in _TUNABLE_KEYS},
     )
 
