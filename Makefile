@@ -18,9 +18,15 @@ $(STAMP): requirements/cpu.txt requirements/constraints.txt pyproject.toml tools
 	echo "import sglang_cpu_shims" > "$(SITE)/sglang_cpu_shims.pth"
 	touch $(STAMP)
 
+TRACE ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+RESULTS := docs/results
+
 ## make bench: set up on first use, then compare the eviction policies on the shipped trace
 bench: $(STAMP)
 	$(PY) -m sglang.srt.mem_cache.latent_cache_analyzer --model deepseek-v3 --gpu-memory 80GB --weights 40GB --tp 8
+	$(PY) benchmark/mla_eviction/replay.py --trace $(TRACE) \
+		--json $(RESULTS)/mooncake_timed.json --markdown $(RESULTS)/mooncake_timed.md \
+		--plot $(RESULTS)/mooncake_timed.png
 
 ## make test: every test, on CPU
 test: $(STAMP)
