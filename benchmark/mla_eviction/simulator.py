@@ -247,7 +247,9 @@ class Replayer:
     def _pages(self, idx: int, req: Request, num_tokens: int) -> np.ndarray:
         """Element ids of the first ``ceil(num_tokens / unit)`` pages of the sequence."""
         n_pages = -(-num_tokens // self.unit)
-        full_prompt_pages = req.input_length // self.unit
+        # Pages wholly inside the prompt carry content ids; in the block model
+        # (sequential) so does the partial last block: an id is its content.
+        full_prompt_pages = len(req.hash_ids) if self.sequential else req.input_length // self.unit
         ppb = self.pages_per_block
         p = np.arange(min(n_pages, full_prompt_pages), dtype=np.int64)
         ids = np.asarray(req.hash_ids, dtype=np.int64)[p // ppb] * ppb + p % ppb + 1

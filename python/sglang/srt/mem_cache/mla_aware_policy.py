@@ -9,7 +9,9 @@ would save::
 ``restore_seconds`` comes from :class:`KVCostModel`: recompute positions
 ``[start, end)`` of the node (prefill work grows with depth), or reload them from host
 memory when HiCache holds a copy (``node.backuped``), whichever is cheaper.
-``reuse`` is ``(1 + hit_count) ** hit_exponent``. Dividing the node's age by its value
+``reuse`` is ``(1 + hit_count) ** hit_exponent``, times ``generated_weight`` for a node
+below a prompt boundary (SGLang inserts a finished request's prompt one priority above
+its output, so such a node holds generated tokens). Dividing the node's age by its value
 makes this a cost- and frequency-weighted LRU: a node twice as valuable may sit idle
 twice as long. Ages are ratios of one clock, so the order does not depend on whether
 the tree counts time in seconds (``RadixCache``) or in logical ticks
@@ -47,6 +49,7 @@ _TUNABLE_KEYS = {
     "hit_exponent": ((int, float), 1.0),
     "depth_aware": (bool, True),
     "host_aware": (bool, True),
+    "generated_weight": ((int, float), 1.0),
 }
 
 
@@ -65,7 +68,9 @@ class MLAAwareStrategy(EvictionStrategy):
         depth_aware: bool = True,
         host_aware: bool = True,
         key_unit_tokens: int = 1,
+        generated_weight: float = 1.0,
     ):
+        self.generated_weight = float(generated_weight)
         self.cost_model = cost_model
         self.key_unit_tokens = key_unit_tokens
         self.hit_exponent = float(hit_exponent)
@@ -76,6 +81,8 @@ class MLAAwareStrategy(EvictionStrategy):
 
     def get_priority(self, node: Any) -> tuple[float, float]:
         value = self.restore_seconds_per_byte(node) * (1 + node.hit_count) ** self.hit_exponent
+        if node.priority < node.parent.priority:  # below a prompt boundary: generated tokens
+            value *= self.generated_weight
         age = self._now(node) - node.last_access_time
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 

@@ -30,7 +30,13 @@ _MLA_KINDS = (AttentionKind.MLA, AttentionKind.DSA)
 
 
 def register() -> None:
-    """Entry point: register the policy and install the hooks (idempotent)."""
+    """Entry point: register the policy and install the hooks (idempotent).
+
+    Raises RuntimeError on an SGLang release this package does not support.
+    """
+    from sglang.srt.mem_cache.mla_version_check import check_sglang_version
+
+    check_sglang_version()
     from sglang.srt.arg_groups.choices import (
         RADIX_EVICTION_POLICY_CHOICES,
         add_radix_eviction_policy_choices,
