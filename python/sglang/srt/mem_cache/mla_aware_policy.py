@@ -81,8 +81,8 @@ class MLAAwareStrategy(EvictionStrategy):
 
     def get_priority(self, node: Any) -> tuple[float, float]:
         value = self.restore_seconds_per_byte(node) * (1 + node.hit_count) ** self.hit_exponent
-        if node.priority < node.parent.priority:  # below a prompt boundary: generated tokens
-            value *= self.generated_weight
+        if self.generated_weight != 1.0 and node.priority < node.parent.priority:
+            value *= self.generated_weight  # below a prompt boundary: generated tokens
         age = self._now(node) - node.last_access_time
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 

@@ -278,6 +278,27 @@ class TestStrategyWithMockNodes(CustomTestCase):
         flat = self.strategy(hit_exponent=0)
         self.assertLess(flat.get_priority(hot), flat.get_priority(cold))
 
+    def test_generated_weight_prices_nodes_below_a_prompt_boundary(self):
+        prompt = SimpleNamespace(parent=self.root, key=[0] * 64, priority=1)
+        output = SimpleNamespace(parent=prompt, key=[0] * 64, hit_count=0, priority=0,
+                                 last_access_time=self.now - 10.0, backuped=False)
+        default, demoted = self.strategy(), self.strategy(generated_weight=0.5)
+        # Off by default (1.0): the priority field is not even read.
+        self.assertAlmostEqual(
+            demoted.get_priority(output)[0] / default.get_priority(output)[0], 2.0, places=4
+        )
+        del output.priority
+        default.get_priority(output)
+
+    def test_key_unit_tokens_scales_depth_and_bytes(self):
+        per_element = self.strategy(key_unit_tokens=64)
+        per_token = self.strategy()
+        a = self.leaf(2, depth=10)  # 2 pages at pages 10..12
+        b = self.leaf(128, depth=640)  # the same 128 tokens at 640..768
+        self.assertAlmostEqual(
+            per_element.restore_seconds_per_byte(a) / per_token.restore_seconds_per_byte(b), 1.0
+        )
+
     def test_empty_node_goes_first(self):
         empty = self.leaf(0)
         self.assertEqual(self.strategy().get_priority(empty)[0], float("-inf"))
