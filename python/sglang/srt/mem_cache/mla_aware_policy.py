@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
-from sglang.srt.mem_cache.mla_cost_model import Calibration, KVCostModel, ModelConfigError
+from sglang.srt.mem_cache.mla_cost_model import (
+    KV_DTYPE_BYTES,
+    Calibration,
+    KVCostModel,
+    ModelConfigError,
+)
 
 POLICY_NAME = "mla_aware"
 
@@ -175,8 +180,22 @@ def parse_policy_config(config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def cost_model_from_policy_config(cfg: Mapping[str, Any]) -> KVCostModel:
-    """The cost model described by the setup keys of a parsed policy config."""
-    calibration = Calibration.load(Path(cfg["calibration"])) if cfg["calibration"] else None
+    """The cost model described by the setup keys of a parsed policy config.
+
+    Raises :class:`PolicyConfigError` naming the key whose value is at fault.
+    """
+    calibration = None
+    if cfg["calibration"]:
+        try:
+            calibration = Calibration.load(Path(cfg["calibration"]))
+        except ModelConfigError as e:
+            raise PolicyConfigError(f"mla_aware: key 'calibration': {e}") from None
+    dtype = cfg["kv_cache_dtype"].lower()
+    if dtype != "auto" and dtype not in KV_DTYPE_BYTES:
+        raise PolicyConfigError(
+            f"mla_aware: key 'kv_cache_dtype': {cfg['kv_cache_dtype']!r} unknown; use auto "
+            f"or one of {', '.join(sorted(KV_DTYPE_BYTES))}"
+        )
     try:
         return KVCostModel.from_config(
             cfg["model"],

@@ -415,7 +415,13 @@ def _active_params(fields: _ConfigReader, kind: AttentionKind) -> int:
 def _kv_dtype_bytes(kv_cache_dtype: str, cfg: Mapping[str, Any], where: str) -> int:
     dtype = kv_cache_dtype.lower()
     if dtype == "auto":
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
+        field = "torch_dtype" if cfg.get("torch_dtype") else "dtype"
+        dtype = str(cfg.get(field) or "bfloat16").lower()
+        if dtype not in KV_DTYPE_BYTES:
+            raise ModelConfigError(
+                f"{where}: field {field!r} = {dtype!r} is no KV cache dtype; pass "
+                f"kv_cache_dtype, one of {', '.join(sorted(KV_DTYPE_BYTES))}"
+            )
     if dtype not in KV_DTYPE_BYTES:
         raise ModelConfigError(
             f"{where}: kv cache dtype {kv_cache_dtype!r} unknown; "
