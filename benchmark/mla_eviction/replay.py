@@ -165,12 +165,12 @@ def host_tier_tokens(text: Optional[str], capacity_tokens: int, cost) -> int:
 
 
 def plan(args, trace, cost):
-    from simulator import ReplayConfig, build_strategy_factories
+    from simulator import ReplayConfig, known_policies
 
     from sglang.srt.mem_cache.mla_eviction_plugin import register
 
     register()
-    known = build_strategy_factories()
+    known = known_policies()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for name in policies:
         if name not in known:
@@ -310,7 +310,7 @@ def plot(results: list[dict], path: str, title: str) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -360,7 +360,7 @@ def main(argv=None) -> int:
     if args.markdown:
         _write_atomic(args.markdown, table + "\n")
     if args.plot:
-        _write_atomic(args.plot, lambda tmp: plot(results, tmp + ".png", header.replace("*", "")) or os.replace(tmp + ".png", tmp))
+        _write_atomic(args.plot, lambda tmp: plot(results, tmp, header.replace("*", "")))
     return 0
 
 

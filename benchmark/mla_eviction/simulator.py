@@ -453,6 +453,6 @@ class Replayer:
 _REJECTED = object()
 
 
-def build_strategy_factories() -> list[str]:
+def known_policies() -> list[str]:
     """Names of the policies a replay can run: SGLang's registry plus the bound."""
     return [*_EVICTION_POLICY_FACTORIES, OPTIMAL]
