@@ -82,13 +82,22 @@ class MLAAwareStrategy(EvictionStrategy):
         self.depth_aware = depth_aware
         self.host_aware = host_aware
         self._bytes_per_token = cost_model.bytes_per_token
-        self._clocks: dict[type, Any] = {}
+        self._readers: dict[type, tuple] = {}
 
     def get_priority(self, node: Any) -> tuple[float, float]:
-        value = self.restore_seconds_per_byte(node) * (1 + node.hit_count) ** self.hit_exponent
+        # The cost per byte changes only when a split shortens the node or its host
+        # copy comes or goes; memoise it on the node against both (and this strategy).
+        now, is_backed = self._node_type_readers(node)
+        key_len = len(node.key)
+        backed = self.host_aware and is_backed(node)
+        memo = node.__dict__.get("_mla_density")
+        if memo is None or memo[0] is not self or memo[1] != key_len or memo[2] != backed:
+            memo = (self, key_len, backed, self.restore_seconds_per_byte(node))
+            node._mla_density = memo
+        value = memo[3] * (1 + node.hit_count) ** self.hit_exponent
         if self.generated_weight != 1.0 and node.priority < node.parent.priority:
             value *= self.generated_weight  # below a prompt boundary: generated tokens
-        age = self._now(node) - node.last_access_time
+        age = now() - node.last_access_time
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def restore_seconds_per_byte(self, node: Any) -> float:
@@ -97,15 +106,26 @@ class MLAAwareStrategy(EvictionStrategy):
         if n == 0:
             return 0.0
         end = prefix_end(node) * self.key_unit_tokens if self.depth_aware else n
-        backed = self.host_aware and getattr(node, "backuped", False)
+        backed = self.host_aware and self._node_type_readers(node)[1](node)
         seconds = self.cost_model.restore_seconds(end - n, end, backed_up=backed)
         return seconds / self.cost_model.bytes_for_tokens(n)
 
-    def _now(self, node: Any) -> float:
-        clock = self._clocks.get(type(node))
-        if clock is None:
-            clock = self._clocks[type(node)] = _clock_for(type(node))
-        return clock()
+    def _node_type_readers(self, node: Any):
+        """(clock, is-backed-up reader) for the node's tree type, looked up once per type."""
+        readers = self._readers.get(type(node))
+        if readers is None:
+            readers = self._readers[type(node)] = (
+                _clock_for(type(node)),
+                _backed_reader(type(node)),
+            )
+        return readers
+
+
+def _backed_reader(node_type: type):
+    """HiCache's ``backuped`` property where the tree has one, else a plain attribute."""
+    if hasattr(node_type, "backuped"):
+        return lambda node: node.backuped
+    return lambda node: node.__dict__.get("backuped", False)
 
 
 def _clock_for(node_type: type):

@@ -299,6 +299,20 @@ class TestStrategyWithMockNodes(CustomTestCase):
             per_element.restore_seconds_per_byte(a) / per_token.restore_seconds_per_byte(b), 1.0
         )
 
+    def test_memoised_cost_follows_splits_and_host_copies(self):
+        strategy = self.strategy()
+        node = self.leaf(64, depth=64)
+        fresh = lambda: self.strategy().restore_seconds_per_byte(node)  # noqa: E731
+        strategy.get_priority(node)
+        self.assertEqual(node._mla_density[3], fresh())
+        node.backuped = True  # HiCache wrote it through: now cheap to lose
+        strategy.get_priority(node)
+        self.assertEqual(node._mla_density[3], fresh())
+        self.assertTrue(node._mla_density[2])
+        node.key = node.key[:16]  # a split moved the node's start down (its end stays)
+        strategy.get_priority(node)
+        self.assertEqual(node._mla_density[1:], (16, True, fresh()))
+
     def test_empty_node_goes_first(self):
         empty = self.leaf(0)
         self.assertEqual(self.strategy().get_priority(empty)[0], float("-inf"))
