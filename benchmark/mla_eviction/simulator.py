@@ -127,6 +127,13 @@ class FutureIndex:
         self.uses = uses
         self.now = 0  # index of the request being served
 
+    def reused_prefix(self, hash_ids) -> int:
+        """Leading blocks of a request that some later request uses again."""
+        for i, block in enumerate(hash_ids):
+            if self.next_use(block) == float("inf"):
+                return i
+        return len(hash_ids)
+
     def next_use(self, block: int) -> float:
         seq = self.uses.get(block)
         if seq is None:
@@ -370,6 +377,10 @@ class Replayer:
         key = RadixKey(array("q", pages[: -(-req.input_length // self.unit)].tobytes()))
         match = self._timed(self.cache.match_prefix, MatchPrefixParams(key=key))
         prefix = match.device_prefix_len
+        if self.sequential and self.future is not None:
+            # The bound may bypass: blocks no later request uses are never cached (a
+            # block's successors are then unused too), as block-level Belady does.
+            pages = pages[: max(prefix, self.future.reused_prefix(req.hash_ids))]
         need = len(pages) - prefix
         lock = self._timed(self.cache.lock, match.last_device_node)
         # As PrefillAdder: admit only what available + evictable memory can hold,
