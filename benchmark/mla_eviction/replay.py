@@ -197,6 +197,7 @@ def plan(args, trace, cost):
         cache = "radix"  # the modelled host tier marks nodes backed up: legacy tree only
     configs = []
     for label, share, tokens in parse_capacities(args.capacity, args, trace, cost):
+        host_tokens = host_tier_tokens(args.host_tier, tokens, cost)
         for name in policies:
             cfg = None
             if name == "mla_aware":
@@ -209,7 +210,7 @@ def plan(args, trace, cost):
                 }
             configs.append(ReplayConfig(
                 policy=name, capacity_tokens=tokens, mode=args.mode, cache=cache,
-                page_size=args.page_size, host_tier_tokens=host_tier_tokens(args.host_tier, tokens, cost),
+                page_size=args.page_size, host_tier_tokens=host_tokens,
                 policy_config=cfg, decode_s_per_token=args.decode_ms_per_token / 1e3,
                 capacity_fraction=share, capacity_label=label,
             ))

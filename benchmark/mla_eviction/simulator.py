@@ -69,13 +69,7 @@ class ReplayConfig:
 
 @dataclass
 class ReplayResult:
-    policy: str
-    capacity_label: str
-    capacity_fraction: Optional[float]
-    capacity_tokens: int
-    mode: str
-    cache: str
-    host_tier_tokens: int
+    config: ReplayConfig
     requests: int = 0
     rejected: int = 0
     prompt_tokens: int = 0
@@ -93,15 +87,16 @@ class ReplayResult:
     def summary(self) -> dict:
         ttft = np.asarray(self.ttfts) if self.ttfts else None
         served = max(self.requests - self.rejected, 1)
+        cfg = self.config
         return {
-            "policy": self.policy,
-            "is_bound": self.policy == OPTIMAL,
-            "capacity": self.capacity_label,
-            "capacity_fraction": self.capacity_fraction,
-            "capacity_tokens": self.capacity_tokens,
-            "mode": self.mode,
-            "cache": self.cache,
-            "host_tier_tokens": self.host_tier_tokens,
+            "policy": cfg.policy,
+            "is_bound": cfg.policy == OPTIMAL,
+            "capacity": cfg.capacity_label,
+            "capacity_fraction": cfg.capacity_fraction,
+            "capacity_tokens": cfg.capacity_tokens,
+            "mode": cfg.mode,
+            "cache": cfg.cache,
+            "host_tier_tokens": cfg.host_tier_tokens,
             "requests": self.requests,
             "rejected": self.rejected,
             "token_hit_rate": self.hit_tokens / max(self.prompt_tokens, 1),
@@ -202,15 +197,7 @@ class Replayer:
         self.future = FutureIndex(trace) if config.policy == OPTIMAL else None
         self.cache, self.allocator = self._build_cache()
         self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None
-        self.result = ReplayResult(
-            policy=config.policy,
-            capacity_label=config.capacity_label,
-            capacity_fraction=config.capacity_fraction,
-            capacity_tokens=config.capacity_tokens,
-            mode=config.mode,
-            cache=config.cache,
-            host_tier_tokens=config.host_tier_tokens,
-        )
+        self.result = ReplayResult(config)
 
     # ---- cache construction -------------------------------------------------
 
