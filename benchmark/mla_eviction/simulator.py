@@ -15,8 +15,10 @@ with ``page_size=1`` and the allocator counts pages. SGLang's paged tree stores,
 and evicts only whole pages and allocates page-aligned, so this is the same tree
 behaviour with 1/unit of the index-tensor work. Element ids come from the trace's
 block ids, so equal ids mean equal content: page ``j`` of block ``h`` is
-``h * pages_per_block + j + 1``; a page holding output or a partial block gets an id
-no other request can have. ``timed`` mode uses the serving page size as the unit,
+``h * pages_per_block + j + 1``. Output pages carry content ids too where the trace
+knows the output (``Request.sequence_hash_ids``: a generated conversation's next turn
+includes it, as real chat does); a page holding unknown output or a partial block gets
+an id no other request can have. ``timed`` mode uses the serving page size as the unit,
 ``sequential`` mode one element per block (the block hit rate of the trace README).
 
 The optional host tier is modelled here (SGLang's HiCache controller needs CUDA
@@ -82,6 +84,7 @@ class ReplayResult:
     evicted_tokens: int = 0
     evictions: int = 0
     cache_cpu_s: float = 0.0
+    prefill_s: float = 0.0  # modelled prefill (recompute + reload) of admitted requests
     ttfts: list = dataclasses.field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
@@ -108,6 +111,7 @@ class ReplayResult:
             "evictions": self.evictions,
             "evicted_tokens": self.evicted_tokens,
             "cpu_us_per_request": 1e6 * self.cache_cpu_s / served,
+            "prefill_ms_per_request": 1e3 * self.prefill_s / served,
         }
 
 
@@ -241,12 +245,19 @@ class Replayer:
     def _pages(self, idx: int, req: Request, num_tokens: int) -> np.ndarray:
         """Element ids of the first ``ceil(num_tokens / unit)`` pages of the sequence."""
         n_pages = -(-num_tokens // self.unit)
-        # Pages wholly inside the prompt carry content ids; in the block model
-        # (sequential) so does the partial last block: an id is its content.
-        full_prompt_pages = len(req.hash_ids) if self.sequential else req.input_length // self.unit
+        # Pages wholly inside known content (the prompt; prompt + output where a later
+        # prompt holds the output) carry content ids; in the block model (sequential)
+        # so does the partial last block: an id is its content.
+        if self.sequential:
+            blocks, content_pages = req.hash_ids, len(req.hash_ids)
+        elif req.sequence_hash_ids:
+            blocks = req.sequence_hash_ids
+            content_pages = (req.input_length + req.output_length) // self.unit
+        else:
+            blocks, content_pages = req.hash_ids, req.input_length // self.unit
         ppb = self.pages_per_block
-        p = np.arange(min(n_pages, full_prompt_pages), dtype=np.int64)
-        ids = np.asarray(req.hash_ids, dtype=np.int64)[p // ppb] * ppb + p % ppb + 1
+        p = np.arange(min(n_pages, content_pages), dtype=np.int64)
+        ids = np.asarray(blocks, dtype=np.int64)[p // ppb] * ppb + p % ppb + 1
         if n_pages > len(p):
             own = _OUTPUT_TOKEN_BASE + (idx << 24) + np.arange(len(p), n_pages, dtype=np.int64)
             ids = np.concatenate([ids, own])
@@ -386,6 +397,7 @@ class Replayer:
             self.cost.prefill_seconds(hit, req.input_length)
             + min(host * self.unit, hit) * self.cost.reload_seconds_per_token
         )
+        self.result.prefill_s += prefill_s
         if not self.sequential:
             self.result.ttfts.append(now - req.timestamp_s + prefill_s)
         prefix_values = self.cache.path_device_indices(match.last_device_node)[:prefix]

@@ -50,6 +50,9 @@ class Request:
     output_length: int  # output tokens
     hash_ids: tuple[int, ...]  # prefix block ids, block_size tokens each, last one partial
     session_id: Optional[str] = None  # conversation id when the trace has one
+    # Block ids of prompt + output, where the output's content is known because a later
+    # prompt includes it (generated multi-turn workloads); empty when it is unknown.
+    sequence_hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ class _Draft(NamedTuple):
     segments: tuple[_Segment, ...]  # the prompt, in order
     output_length: int
     session_id: Optional[str]
+    output_id: Optional[int] = None  # content id of the output when a later prompt holds it
 
 
 class _BlockIds:
@@ -338,9 +342,10 @@ def _multi_turn(rng, n, fresh, *, rate, num_system_prompts, system_prompt_len, u
         for _ in range(int(_draw(rng, turns))):
             segments.append((next(fresh), int(_draw(rng, user_len))))
             out = int(_draw(rng, output_len))
-            drafts.append(_Draft(t, tuple(segments), out, f"conv-{conversation}"))
+            output_id = next(fresh)
+            drafts.append(_Draft(t, tuple(segments), out, f"conv-{conversation}", output_id))
             heapq.heappush(pending, t)
-            segments.append((next(fresh), out))
+            segments.append((output_id, out))
             t += float(np.exp(rng.uniform(*log_think)))
         start += float(rng.exponential(conversation_gap))
         while pending and pending[0] <= start:
@@ -402,8 +407,10 @@ def _gsp(rng, n, fresh, *, rate, num_groups, prompts_per_group, system_prompt_le
         segments: list[_Segment] = [(system_ids[g], int(system_lens[g]))]
         for k in range(turns):
             segments.append((next(fresh), int(question_lens[sg, sp, k])))
-            drafts.append(_Draft(float(start) + k * turn_interval_s, tuple(segments), out, session))
-            segments.append((next(fresh), out))
+            output_id = next(fresh) if k + 1 < turns else None
+            drafts.append(_Draft(float(start) + k * turn_interval_s, tuple(segments), out, session,
+                                 output_id))
+            segments.append((output_id, out))
     return drafts
 
 
@@ -527,7 +534,8 @@ def generate_workload(name: str, *, num_requests: int, seed: int, block_size: in
 
     The same (name, num_requests, seed, block_size, params) always gives the same trace.
     ``params`` override ``WORKLOADS[name].defaults``; token spans are (lo, hi) inclusive.
-    Block ids are numbered in order of first appearance. Raises ValueError naming the workload
+    Block ids are numbered in order of first appearance (each prompt, then its prompt + output
+    where a later prompt holds the output). Raises ValueError naming the workload
     or parameter for an unknown name, unknown parameter or bad value.
     """
     workload = WORKLOADS.get(name)
@@ -555,7 +563,9 @@ def generate_workload(name: str, *, num_requests: int, seed: int, block_size: in
     block_ids = _BlockIds(block_size)
     requests = tuple(
         Request(d.arrival_s, sum(length for _, length in d.segments), d.output_length,
-                block_ids.of(d.segments), d.session_id)
+                block_ids.of(d.segments), d.session_id,
+                () if d.output_id is None
+                else block_ids.of((*d.segments, (d.output_id, d.output_length))))
         for d in drafts[:num_requests]
     )
     return Trace(name=name, block_size=block_size, requests=requests)
@@ -585,7 +595,8 @@ def scale_trace(trace: Trace, copies: int) -> Trace:
         out.extend(
             Request(r.timestamp_s + dt, r.input_length, r.output_length,
                     tuple(h + dh for h in r.hash_ids),
-                    f"{k}:{r.session_id}" if k and r.session_id is not None else r.session_id)
+                    f"{k}:{r.session_id}" if k and r.session_id is not None else r.session_id,
+                    tuple(h + dh for h in r.sequence_hash_ids))
             for r in requests
         )
     return Trace(name=f"{trace.name}x{copies}", block_size=trace.block_size, requests=tuple(out))

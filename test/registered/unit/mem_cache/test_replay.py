@@ -19,7 +19,7 @@ sys.path.insert(0, str(_REPO / "benchmark" / "mla_eviction"))
 
 import replay  # noqa: E402
 from simulator import Replayer, ReplayConfig  # noqa: E402
-from traces import load_mooncake_trace  # noqa: E402
+from traces import Request, Trace, load_mooncake_trace  # noqa: E402
 
 from sglang.srt.mem_cache.mla_cost_model import KVCostModel  # noqa: E402
 
@@ -184,6 +184,24 @@ class TestSimulatorInvariants(CustomTestCase):
                     r.allocator.size,
                 )
                 self.assertEqual(r.cache.protected_size(), 0)
+
+
+class TestKnownOutputs(CustomTestCase):
+    def test_next_turn_reuses_the_previous_output_only_when_its_content_is_known(self):
+        """Turn 2's prompt is turn 1's prompt + output + more: with the output's block ids
+        known it hits all 24 full pages of turn 1 (1,536 tokens), without them the prompt's
+        16 (1,024 tokens)."""
+        cost = KVCostModel.from_preset("deepseek-v3")
+        for sequence_ids, hit in (((10, 11, 12), 1536), ((), 1024)):
+            with self.subTest(known=bool(sequence_ids)):
+                trace = Trace("two-turns", 512, (
+                    Request(0.0, 1024, 512, (10, 11), "s", sequence_ids),
+                    Request(100.0, 2000, 8, (10, 11, 12, 13), "s"),
+                ))
+                r = Replayer(trace, cost, ReplayConfig(policy="lru", capacity_tokens=64_000))
+                result = r.run()
+                self.assertEqual(result.hit_tokens, hit)
+                self.assertEqual(result.prompt_tokens, 3024)
 
 
 class TestShippedTraceValidation(CustomTestCase):

@@ -277,8 +277,9 @@ class TestWorkloads(CustomTestCase, TraceChecks):
                 self.assertEqual(len(trace.requests), self.N)
                 self.assertEqual(trace.block_size, 512)
                 self.assert_well_formed(trace)
-                # ids are numbered in order of first appearance
-                seen = list(dict.fromkeys(h for r in trace.requests for h in r.hash_ids))
+                # ids are numbered in order of first appearance (prompt, then prompt + output)
+                seen = list(dict.fromkeys(
+                    h for r in trace.requests for h in (*r.hash_ids, *r.sequence_hash_ids)))
                 self.assertEqual(seen, list(range(len(seen))))
                 self.assertTrue(WORKLOADS[name].description)
 
@@ -296,6 +297,8 @@ class TestWorkloads(CustomTestCase, TraceChecks):
             self.assertLessEqual(len(roots), max_roots, name)
             self.assertLess(trace.num_unique_blocks(), trace.num_blocks() / 2, name)
             self.assertTrue(all(r.session_id is None for r in trace.requests))
+            # No later prompt holds these outputs: their content stays unknown.
+            self.assertTrue(all(r.sequence_hash_ids == () for r in trace.requests))
 
     def test_multi_turn_extends_previous_turn(self):
         trace = generate_workload("multi-turn", num_requests=self.N, seed=4)
@@ -312,6 +315,12 @@ class TestWorkloads(CustomTestCase, TraceChecks):
                 if prev.input_length % 512:  # the partial last block becomes a new id
                     self.assertNotEqual(r.hash_ids[full], prev.hash_ids[full])
                 self.assertGreaterEqual(r.timestamp_s - prev.timestamp_s, 5.0)
+                # The previous output is content this prompt holds: its full blocks match.
+                done = (prev.input_length + prev.output_length) // 512
+                self.assertEqual(len(prev.sequence_hash_ids),
+                                 math.ceil((prev.input_length + prev.output_length) / 512))
+                self.assertEqual(r.hash_ids[:done], prev.sequence_hash_ids[:done])
+                self.assertEqual(prev.sequence_hash_ids[:full], prev.hash_ids[:full])
             last[r.session_id] = r
         self.assertGreater(follow_ups, self.N // 3)
         self.assertGreater(len(last), 10)
@@ -351,7 +360,12 @@ class TestWorkloads(CustomTestCase, TraceChecks):
                 self.assertTrue(64 <= r.input_length - prev.input_length - prev.output_length
                                 <= 128, r)
             self.assertTrue(128 <= r.output_length <= 256)
+            if prev is not None:
+                done = (prev.input_length + prev.output_length) // 512
+                self.assertEqual(r.hash_ids[:done], prev.sequence_hash_ids[:done])
             last[r.session_id] = r
+        # A conversation's last output is never read again: unknown content.
+        self.assertEqual(sum(r.sequence_hash_ids == () for r in trace.requests), 20)
         # derived prompts_per_group: just enough slots, cut to num_requests
         self.assertEqual(len(generate_workload("gsp", num_requests=70, seed=0).requests), 70)
 
@@ -389,6 +403,9 @@ class TestScaleTrace(CustomTestCase, TraceChecks):
         self.assertEqual(big.num_unique_blocks(), 4 * trace.num_unique_blocks())
         self.assert_well_formed(big)
         self.assertEqual(big.requests[:n], trace.requests)
+        stride = max(h for r in trace.requests for h in r.hash_ids) + 1
+        self.assertEqual(big.requests[n + 5].sequence_hash_ids,
+                         tuple(h + stride for h in trace.requests[5].sequence_hash_ids))
         for k in range(1, 4):
             self.assertGreater(big.requests[k * n].timestamp_s, big.requests[k * n - 1].timestamp_s)
             self.assertEqual(big.requests[k * n].session_id,
