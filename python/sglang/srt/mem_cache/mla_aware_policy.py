@@ -9,9 +9,7 @@ would save::
 ``restore_seconds`` comes from :class:`KVCostModel`: recompute positions
 ``[start, end)`` of the node (prefill work grows with depth), or reload them from host
 memory when HiCache holds a copy (``node.backuped``), whichever is cheaper.
-``reuse`` is ``(1 + hit_count) ** hit_exponent``, times ``generated_weight`` for a node
-below a prompt boundary (SGLang inserts a finished request's prompt one priority above
-its output, so such a node holds generated tokens). Dividing the node's age by its value
+``reuse`` is ``(1 + hit_count) ** hit_exponent``. Dividing the node's age by its value
 makes this a cost- and frequency-weighted LRU: a node twice as valuable may sit idle
 twice as long. Ages are ratios of one clock, so the order does not depend on whether
 the tree counts time in seconds (``RadixCache``) or in logical ticks
@@ -54,7 +52,6 @@ _TUNABLE_KEYS = {
     "hit_exponent": ((int, float), 1.0),
     "depth_aware": (bool, True),
     "host_aware": (bool, True),
-    "generated_weight": ((int, float), 1.0),
 }
 
 
@@ -73,9 +70,7 @@ class MLAAwareStrategy(EvictionStrategy):
         depth_aware: bool = True,
         host_aware: bool = True,
         key_unit_tokens: int = 1,
-        generated_weight: float = 1.0,
     ):
-        self.generated_weight = float(generated_weight)
         self.cost_model = cost_model
         self.key_unit_tokens = key_unit_tokens
         self.hit_exponent = float(hit_exponent)
@@ -95,8 +90,6 @@ class MLAAwareStrategy(EvictionStrategy):
             memo = (self, key_len, backed, self.restore_seconds_per_byte(node))
             node._mla_density = memo
         value = memo[3] * (1 + node.hit_count) ** self.hit_exponent
-        if self.generated_weight != 1.0 and node.priority < node.parent.priority:
-            value *= self.generated_weight  # below a prompt boundary: generated tokens
         age = now() - node.last_access_time
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 

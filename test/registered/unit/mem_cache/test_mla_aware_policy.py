@@ -278,18 +278,6 @@ class TestStrategyWithMockNodes(CustomTestCase):
         flat = self.strategy(hit_exponent=0)
         self.assertLess(flat.get_priority(hot), flat.get_priority(cold))
 
-    def test_generated_weight_prices_nodes_below_a_prompt_boundary(self):
-        prompt = SimpleNamespace(parent=self.root, key=[0] * 64, priority=1)
-        output = SimpleNamespace(parent=prompt, key=[0] * 64, hit_count=0, priority=0,
-                                 last_access_time=self.now - 10.0, backuped=False)
-        default, demoted = self.strategy(), self.strategy(generated_weight=0.5)
-        # Off by default (1.0): the priority field is not even read.
-        self.assertAlmostEqual(
-            demoted.get_priority(output)[0] / default.get_priority(output)[0], 2.0, places=4
-        )
-        del output.priority
-        default.get_priority(output)
-
     def test_key_unit_tokens_scales_depth_and_bytes(self):
         per_element = self.strategy(key_unit_tokens=64)
         per_token = self.strategy()
