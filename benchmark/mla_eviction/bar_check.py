@@ -1,0 +1,166 @@
+"""Check ``mla_aware`` against the bar of issue 4 on every trace and workload, in one run.
+
+    python benchmark/mla_eviction/bar_check.py --markdown docs/results/bar_check.md \\
+        --json docs/results/bar_check.json
+
+Replays each source with every SGLang built-in, ``mla_aware`` and the offline bound at
+1 %, 5 %, 10 % and 25 % of its unique blocks (timed mode, unified tree), then the shipped
+trace with a modelled host tier 4x the device capacity (LRU and ``mla_aware``), and
+prints one row per (check, source, capacity) with the measured numbers and PASS or MISS:
+
+- ``gain``: at 1 % and 5 %, where the bound leaves LRU at least 10 points of FLOP hit
+  rate, ``mla_aware`` at least 15 % above LRU (relative);
+- ``floor``: at every capacity, at most 0.5 points below the best built-in;
+- ``ttft``: with the host tier, modelled TTFT p50 at least 30 % below LRU's;
+- ``cpu``: the cache CPU time ``mla_aware`` adds per request over LRU (same run, Python
+  tree core) under 1 % of the mean modelled prefill time per request.
+
+The share of the LRU-to-bound gap closed is reported per row. The exit status is 0
+whatever the outcome (this is a report); 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay  # noqa: E402
+
+BUILTINS = ("lru", "lfu", "fifo", "slru", "priority", "tlru")
+CANDIDATE = "mla_aware"
+GSP_ZIPF = ["--workload-param", "group_distribution=zipf", "--workload-param", "zipf_alpha=1.1"]
+# name -> replay.py source arguments
+SOURCES = {
+    "mooncake": [],  # replay.py's default: the shipped trace
+    "mooncake-x3": ["--scale", "3"],
+    "chat": ["--workload", "chat"],
+    "few-shot": ["--workload", "few-shot"],
+    "multi-turn": ["--workload", "multi-turn"],
+    "gsp-zipf": ["--workload", "gsp", *GSP_ZIPF],
+    "gsp-uniform": ["--workload", "gsp"],
+}
+GAIN_CAPACITIES = ("1%", "5%")
+MIN_HEADROOM, MIN_GAIN, FLOOR_POINTS, TTFT_CUT, CPU_SHARE = 10.0, 0.15, 0.5, 0.30, 0.01
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sources", default=",".join(SOURCES),
+                   help=f"comma list of {', '.join(SOURCES)}")
+    p.add_argument("--capacity", default=replay.DEFAULT_CAPACITIES)
+    p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
+    p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
+    p.add_argument("--jobs", type=int, default=replay.parse_args([]).jobs)
+    p.add_argument("--json", dest="json_path")
+    p.add_argument("--markdown")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    unknown = [s for s in args.sources if s not in SOURCES]
+    if unknown or not args.sources:
+        p.error(f"--sources: unknown {unknown}; known: {', '.join(SOURCES)}")
+    return args
+
+
+def replay_source(name: str, args, extra=()) -> list[dict]:
+    """Summaries of replay.py on one source (raises replay.UsageError on bad input)."""
+    policies = ",".join((*BUILTINS, CANDIDATE, "optimal")) if not extra else f"lru,{CANDIDATE}"
+    rargs = replay.parse_args([
+        *SOURCES[name], "--num-requests", str(args.num_requests), "--capacity", args.capacity,
+        "--policies", policies, "--jobs", str(args.jobs), *extra,
+        *(["--no-progress"] if args.no_progress else []),
+    ])
+    trace = replay.load_trace(rargs)
+    cost = replay.build_cost_model(rargs)
+    return replay.run_all(rargs, replay.plan(rargs, trace, cost), trace)
+
+
+def checks(source: str, results: list[dict], host_tier: bool = False) -> list[dict]:
+    """Bar rows for one source's summaries (see the module docstring)."""
+    rows = []
+    by_cap: dict = {}
+    for r in results:
+        by_cap.setdefault(r["capacity"], {})[r["policy"]] = r
+    for cap, group in by_cap.items():
+        mla, lru = group[CANDIDATE], group["lru"]
+        row = {"source": source, "capacity": cap, "mla_aware": 100 * mla["flop_hit_rate"],
+               "lru": 100 * lru["flop_hit_rate"]}
+        if host_tier:
+            p50, base = mla["ttft_p50_s"], lru["ttft_p50_s"]
+            rows.append({**row, "check": "ttft", "mla_aware_ttft_p50_s": p50,
+                         "lru_ttft_p50_s": base, "cut": 1 - p50 / base if base else 0.0,
+                         "pass": base > 0 and p50 <= (1 - TTFT_CUT) * base})
+            continue
+        bound = 100 * group["optimal"]["flop_hit_rate"]
+        best = max(BUILTINS, key=lambda p: group[p]["flop_hit_rate"])
+        row.update(optimal=bound, gap_closed=mla.get("gap_closed"))
+        rows.append({**row, "check": "floor", "best_builtin": best,
+                     "best": 100 * group[best]["flop_hit_rate"],
+                     "pass": row["mla_aware"] >= 100 * group[best]["flop_hit_rate"] - FLOOR_POINTS})
+        if cap in GAIN_CAPACITIES:
+            gain = row["mla_aware"] / row["lru"] - 1 if row["lru"] else 0.0
+            applies = bound - row["lru"] >= MIN_HEADROOM
+            rows.append({**row, "check": "gain", "gain": gain, "applies": applies,
+                         "pass": gain >= MIN_GAIN if applies else None})
+        added_us = mla["cpu_us_per_request"] - lru["cpu_us_per_request"]
+        prefill_us = 1e3 * mla["prefill_ms_per_request"]
+        rows.append({**row, "check": "cpu", "added_cpu_us": added_us, "prefill_us": prefill_us,
+                     "pass": added_us < CPU_SHARE * prefill_us})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| check | source | capacity | mla_aware | reference | measured | result |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = "n/a" if r["pass"] is None else ("PASS" if r["pass"] else "**MISS**")
+        kind = r["check"]
+        if kind == "ttft":
+            ref = f"LRU p50 {r['lru_ttft_p50_s']:.3f} s"
+            got = f"p50 {r['mla_aware_ttft_p50_s']:.3f} s ({100 * r['cut']:+.0f} % cut, need 30 %)"
+        elif kind == "floor":
+            ref = f"best built-in {r['best_builtin']} {r['best']:.2f} %"
+            got = f"{r['mla_aware'] - r['best']:+.2f} pts (floor -0.5)"
+        elif kind == "gain":
+            ref = f"LRU {r['lru']:.2f} %, bound {r['optimal']:.2f} %"
+            got = f"{100 * r['gain']:+.1f} % vs LRU" + ("" if r["applies"] else " (headroom < 10 pts)")
+        else:
+            ref = f"prefill {r['prefill_us'] / 1e3:.1f} ms/request"
+            got = f"{r['added_cpu_us']:+.0f} µs/request over LRU"
+        gap = r.get("gap_closed")
+        gap_text = "" if gap is None else f", gap closed {100 * gap:.0f} %"
+        lines.append(f"| {kind} | {r['source']} | {r['capacity']} | {r['mla_aware']:.2f} %"
+                     f"{gap_text} | {ref} | {got} | {ok} |")
+    misses = sum(r["pass"] is False for r in rows)
+    lines += ["", f"{misses} of {sum(r['pass'] is not None for r in rows)} checks missed."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows, raw = [], {}
+    try:
+        for name in args.sources:
+            raw[name] = replay_source(name, args)
+            rows += checks(name, raw[name])
+        if not args.no_host_tier and "mooncake" in args.sources:
+            raw["mooncake+host4x"] = replay_source("mooncake", args, ("--host-tier", "4x"))
+            rows += checks("mooncake+host4x", raw["mooncake+host4x"], host_tier=True)
+    except replay.UsageError as e:
+        print(f"bar_check.py: error: {e}", file=sys.stderr)
+        return 2
+    text = markdown(rows)
+    print(text)
+    if args.markdown:
+        replay._write_atomic(args.markdown, text + "\n")
+    if args.json_path:
+        replay._write_atomic(args.json_path, json.dumps({"checks": rows, "replays": raw}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

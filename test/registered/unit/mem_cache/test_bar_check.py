@@ -1,0 +1,97 @@
+"""Tests for benchmark/mla_eviction/bar_check.py: the issue-4 bar, row by row."""
+
+import contextlib
+import io
+import sys
+import unittest
+from pathlib import Path
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction"))
+
+import bar_check  # noqa: E402
+
+
+def summary(policy, capacity, flop, *, cpu=100.0, prefill_ms=50.0, p50=1.0, gap=None):
+    return {"policy": policy, "capacity": capacity, "flop_hit_rate": flop / 100,
+            "cpu_us_per_request": cpu, "prefill_ms_per_request": prefill_ms,
+            "ttft_p50_s": p50, "gap_closed": gap}
+
+
+def group(capacity, mla, *, lru=20.0, best=("lfu", 20.0), bound=40.0, **kw):
+    rows = [summary(p, capacity, lru) for p in bar_check.BUILTINS if p != best[0]]
+    rows.append(summary(best[0], capacity, best[1]))
+    rows.append(summary("optimal", capacity, bound))
+    rows.append(summary("mla_aware", capacity, mla, **kw))
+    return rows
+
+
+class TestChecks(CustomTestCase):
+    def by_check(self, rows):
+        return {r["check"]: r for r in rows}
+
+    def test_gain_needs_fifteen_percent_where_the_bound_leaves_ten_points(self):
+        ok = self.by_check(bar_check.checks("t", group("5%", 23.01)))["gain"]
+        self.assertTrue(ok["pass"])
+        self.assertAlmostEqual(ok["gain"], 0.1505)
+        self.assertFalse(self.by_check(bar_check.checks("t", group("5%", 22.99)))["gain"]["pass"])
+        # Less than 10 points of headroom: the gain bar does not apply.
+        flat = self.by_check(bar_check.checks("t", group("1%", 20.0, bound=29.9)))["gain"]
+        self.assertIsNone(flat["pass"])
+        self.assertFalse(flat["applies"])
+        # Only at 1 % and 5 %.
+        self.assertNotIn("gain", self.by_check(bar_check.checks("t", group("10%", 20.0))))
+
+    def test_floor_is_half_a_point_below_the_best_builtin(self):
+        rows = self.by_check(bar_check.checks("t", group("25%", 29.5, best=("slru", 30.0))))
+        self.assertTrue(rows["floor"]["pass"])
+        self.assertEqual(rows["floor"]["best_builtin"], "slru")
+        rows = self.by_check(bar_check.checks("t", group("25%", 29.49, best=("slru", 30.0))))
+        self.assertFalse(rows["floor"]["pass"])
+
+    def test_cpu_share_of_modelled_prefill(self):
+        # LRU spends 100 µs; 1 % of 50 ms is 500 µs.
+        self.assertTrue(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=599.0)))["cpu"]["pass"])
+        self.assertFalse(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=600.0)))["cpu"]["pass"])
+
+    def test_ttft_cut_with_a_host_tier(self):
+        rows = [summary("lru", "5%", 20.0, p50=1.0), summary("mla_aware", "5%", 30.0, p50=0.7)]
+        (row,) = bar_check.checks("t", rows, host_tier=True)
+        self.assertEqual(row["check"], "ttft")
+        self.assertTrue(row["pass"])
+        rows[1]["ttft_p50_s"] = 0.71
+        self.assertFalse(bar_check.checks("t", rows, host_tier=True)[0]["pass"])
+
+    def test_markdown_counts_misses(self):
+        rows = bar_check.checks("t", group("5%", 21.0)) + bar_check.checks("t", group("25%", 19.0))
+        text = bar_check.markdown(rows)
+        self.assertIn("| gain | t | 5% |", text)
+        self.assertIn("**MISS**", text)
+        self.assertTrue(text.endswith("2 of 5 checks missed."))
+
+
+class TestCli(CustomTestCase):
+    def test_unknown_source_exits_2(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
+            bar_check.main(["--sources", "nope"])
+        self.assertEqual(ctx.exception.code, 2)
+        self.assertIn("unknown ['nope']", err.getvalue())
+
+    def test_small_run_end_to_end(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            status = bar_check.main(["--sources", "chat", "--num-requests", "120",
+                                     "--capacity", "5%", "--jobs", "1", "--no-progress"])
+        self.assertEqual(status, 0)
+        text = out.getvalue()
+        for check in ("floor", "gain", "cpu"):
+            self.assertIn(f"| {check} | chat | 5% |", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
