@@ -31,6 +31,7 @@ cost model's reload time instead of recomputed.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import heapq
 import time
@@ -186,6 +187,41 @@ class HostTier:
         return n
 
 
+class TickClock:
+    """Stands in for the ``time`` module of ``radix_cache`` during a replay.
+
+    ``RadixCache`` stamps ``last_access_time`` with wall-clock ``time.monotonic()``, which
+    would make a replay's eviction order (and every age-based score) depend on how fast
+    the machine runs it. Here ``monotonic()`` reads a counter that the replay advances once
+    per cache operation, as the unified tree's access counter does; everything else is
+    the real ``time`` module.
+    """
+
+    def __init__(self):
+        self.ticks = 0.0
+
+    def advance(self) -> None:
+        self.ticks += 1.0
+
+    def monotonic(self) -> float:
+        return self.ticks
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@contextlib.contextmanager
+def radix_clock(clock: TickClock):
+    """``radix_cache`` reads ``clock`` instead of wall time inside the block."""
+    from sglang.srt.mem_cache import radix_cache
+
+    saved, radix_cache.time = radix_cache.time, clock
+    try:
+        yield
+    finally:
+        radix_cache.time = saved
+
+
 class Replayer:
     """One (trace, policy, capacity) replay; :meth:`run` returns a ReplayResult."""
 
@@ -199,7 +235,9 @@ class Replayer:
         self.pages_per_block = trace.block_size // self.unit
         self.cost = cost_model
         self.future = FutureIndex(trace) if config.policy == OPTIMAL else None
-        self.cache, self.allocator = self._build_cache()
+        self.clock = TickClock()
+        with radix_clock(self.clock):
+            self.cache, self.allocator = self._build_cache()
         self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None
         self.result = ReplayResult(config)
 
@@ -264,6 +302,10 @@ class Replayer:
         return ids
 
     def run(self, progress=None) -> ReplayResult:
+        with radix_clock(self.clock):
+            return self._run(progress)
+
+    def _run(self, progress) -> ReplayResult:
         reqs = self.trace.requests
         if self.sequential:
             for i, req in enumerate(reqs):
@@ -306,6 +348,8 @@ class Replayer:
         return self.result
 
     def _timed(self, fn, *args):
+        """One cache operation: a new tick of the tree's clock, CPU time counted."""
+        self.clock.advance()
         t0 = time.perf_counter()
         out = fn(*args)
         self.result.cache_cpu_s += time.perf_counter() - t0

@@ -21,7 +21,6 @@ evicted for an allocation is exactly what it is under LRU.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -124,14 +123,17 @@ def _backed_reader(node_type: type):
 def _clock_for(node_type: type):
     """The clock a tree stamps ``last_access_time`` with, read without advancing it.
 
-    RadixCache uses ``time.monotonic()``; the unified tree a module-level tick counter.
+    RadixCache uses its module's ``time.monotonic()`` (looked up per call, so a replay
+    that gives the module a simulated clock is read consistently); the unified tree a
+    module-level tick counter.
     """
+    from sglang.srt.mem_cache import radix_cache
     from sglang.srt.mem_cache.unified_cache.components import base
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedTreeNode
 
     if issubclass(node_type, UnifiedTreeNode):
         return lambda: base._LAST_ACCESS_TIME_COUNTER_FLOAT
-    return time.monotonic
+    return lambda: radix_cache.time.monotonic()
 
 
 def prefix_end(node: Any) -> int:

@@ -6,7 +6,9 @@ import json
 import os
 import sys
 import tempfile
+import time
 import unittest
+from unittest import mock
 from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -105,6 +107,29 @@ class TestReplayCli(CustomTestCase):
             return data
 
         self.assertEqual(once("a.json"), once("b.json"))
+
+    def test_legacy_tree_runs_on_replay_ticks_not_wall_time(self):
+        """RadixCache stamps nodes with time.monotonic(); a replay gives it a tick clock,
+        so nothing reads wall time and two runs agree (mla_aware scores by age)."""
+        def once(name):
+            out = self.dir / name
+            with mock.patch("time.monotonic", side_effect=AssertionError("wall clock read")):
+                status, _, err = run_replay(
+                    "--workload", "multi-turn", "--num-requests", "150", "--seed", "3",
+                    "--capacity", "5%", "--policies", "lru,mla_aware", "--host-tier", "4x",
+                    "--json", str(out),
+                )
+            self.assertEqual(status, 0, err)
+            data = json.loads(out.read_text())
+            for r in data["results"]:
+                self.assertEqual(r["cache"], "radix")
+                r.pop("cpu_us_per_request")
+            return data
+
+        self.assertEqual(once("a.json"), once("b.json"))
+        from sglang.srt.mem_cache import radix_cache
+
+        self.assertIs(radix_cache.time, time)
 
     def test_plot_and_markdown_written(self):
         png, md = self.dir / "p.png", self.dir / "t.md"
