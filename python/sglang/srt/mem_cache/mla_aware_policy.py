@@ -78,19 +78,35 @@ class MLAAwareStrategy(EvictionStrategy):
         self._bytes_per_token = cost_model.bytes_per_token
         self._readers: dict[type, tuple] = {}
 
+    @classmethod
+    def from_config(cls, config: Optional[Mapping[str, Any]]) -> "MLAAwareStrategy":
+        """A strategy from --radix-eviction-policy-config keys (validated, defaults filled).
+
+        Raises :class:`PolicyConfigError` naming the key at fault.
+        """
+        cfg = parse_policy_config(config)
+        return cls(
+            cost_model_from_policy_config(cfg),
+            key_unit_tokens=cfg["key_unit_tokens"],
+            **{key: cfg[key] for key in _TUNABLE_KEYS},
+        )
+
     def get_priority(self, node: Any) -> tuple[float, float]:
+        value = self.value(node)
+        age = self._node_type_readers(node)[0]() - node.last_access_time
+        return (-age / value if value > 0 else float("-inf"), node.last_access_time)
+
+    def value(self, node: Any) -> float:
+        """Restore seconds per byte times ``(1 + hit_count) ** hit_exponent``."""
         # The cost per byte changes only when a split shortens the node or its host
         # copy comes or goes; memoise it on the node against both (and this strategy).
-        now, is_backed = self._node_type_readers(node)
         key_len = len(node.key)
-        backed = self.host_aware and is_backed(node)
+        backed = self.host_aware and self._node_type_readers(node)[1](node)
         memo = node.__dict__.get("_mla_density")
         if memo is None or memo[0] is not self or memo[1] != key_len or memo[2] != backed:
             memo = (self, key_len, backed, self.restore_seconds_per_byte(node))
             node._mla_density = memo
-        value = memo[3] * (1 + node.hit_count) ** self.hit_exponent
-        age = now() - node.last_access_time
-        return (-age / value if value > 0 else float("-inf"), node.last_access_time)
+        return memo[3] * (1 + node.hit_count) ** self.hit_exponent
 
     def restore_seconds_per_byte(self, node: Any) -> float:
         """Restore time of the node's tokens over the bytes they hold (page-rounded)."""
@@ -227,12 +243,7 @@ def cost_model_from_policy_config(cfg: Mapping[str, Any]) -> KVCostModel:
 
 def create_mla_aware_strategy(**config: Any) -> MLAAwareStrategy:
     """Factory registered as ``mla_aware``: keyword arguments are the policy config."""
-    cfg = parse_policy_config(config)
-    return MLAAwareStrategy(
-        cost_model_from_policy_config(cfg),
-        key_unit_tokens=cfg["key_unit_tokens"],
-        **{key: cfg[key] for key in _TUNABLE_KEYS},
-    )
+    return MLAAwareStrategy.from_config(config)
 
 
 def _type_names(types: Union[type, tuple]) -> str:
