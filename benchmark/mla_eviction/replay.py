@@ -22,6 +22,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_POLICIES = "lru,lfu,fifo,slru,priority,tlru,mla_aware,optimal"
+MLA_POLICIES = ("mla_aware", "mla_aware_ghost")  # take the cost-model config below
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
 RATE_KEYS = ("token_hit_rate", "flop_hit_rate")
 
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
-    p.add_argument("--policy-config", default=None, help="JSON config for mla_aware")
+    p.add_argument("--policy-config", default=None, help="JSON config for mla_aware (and mla_aware_ghost)")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
     p.add_argument("--gpu-tflops", type=float, default=3200.0,
@@ -200,7 +201,7 @@ def plan(args, trace, cost):
         host_tokens = host_tier_tokens(args.host_tier, tokens, cost)
         for name in policies:
             cfg = None
-            if name == "mla_aware":
+            if name in MLA_POLICIES:
                 cfg = {
                     "model": args.model, "kv_cache_dtype": args.kv_cache_dtype, "tp_size": args.tp,
                     "page_size": args.page_size,

@@ -50,7 +50,10 @@ from sglang.srt.mem_cache.mla_cost_model import KVCostModel
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 
+import policy_variants
 from traces import Request, Trace
+
+policy_variants.register()  # candidates such as mla_aware_ghost, replay only
 
 OPTIMAL = "optimal"
 _OUTPUT_TOKEN_BASE = 1 << 48

@@ -72,6 +72,7 @@ class TestChecks(CustomTestCase):
         self.assertIn("| gain | t | 5% |", text)
         self.assertIn("**MISS**", text)
         self.assertTrue(text.endswith("2 of 5 checks missed."))
+        self.assertTrue(text.startswith("| check | source | capacity | mla_aware |"))
 
 
 class TestCli(CustomTestCase):
