@@ -92,16 +92,20 @@ class MLAAwareStrategy(EvictionStrategy):
         )
 
     def get_priority(self, node: Any) -> tuple[float, float]:
-        value = self.value(node)
-        age = self._node_type_readers(node)[0]() - node.last_access_time
+        now, is_backed = self._node_type_readers(node)
+        value = self._value(node, is_backed)
+        age = now() - node.last_access_time
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
         """Restore seconds per byte times ``(1 + hit_count) ** hit_exponent``."""
+        return self._value(node, self._node_type_readers(node)[1])
+
+    def _value(self, node: Any, is_backed) -> float:
         # The cost per byte changes only when a split shortens the node or its host
         # copy comes or goes; memoise it on the node against both (and this strategy).
         key_len = len(node.key)
-        backed = self.host_aware and self._node_type_readers(node)[1](node)
+        backed = self.host_aware and is_backed(node)
         memo = node.__dict__.get("_mla_density")
         if memo is None or memo[0] is not self or memo[1] != key_len or memo[2] != backed:
             memo = (self, key_len, backed, self.restore_seconds_per_byte(node))
