@@ -56,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="policy held to the bar (mla_aware_ghost: replay-only variant)")
     p.add_argument("--capacity", default=replay.DEFAULT_CAPACITIES)
     p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
     p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
     p.add_argument("--jobs", type=int, default=replay.parse_args([]).jobs)
     p.add_argument("--json", dest="json_path")
@@ -74,7 +75,8 @@ def replay_source(name: str, args, extra=()) -> list[dict]:
     candidate = args.candidate
     policies = ",".join((*BUILTINS, candidate, "optimal")) if not extra else f"lru,{candidate}"
     rargs = replay.parse_args([
-        *SOURCES[name], "--num-requests", str(args.num_requests), "--capacity", args.capacity,
+        *SOURCES[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
+        "--capacity", args.capacity,
         "--policies", policies, "--jobs", str(args.jobs), *extra,
         *(["--no-progress"] if args.no_progress else []),
     ])

@@ -86,7 +86,7 @@ class TestCli(CustomTestCase):
     def test_small_run_end_to_end(self):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            status = bar_check.main(["--sources", "chat", "--num-requests", "120",
+            status = bar_check.main(["--sources", "chat", "--num-requests", "120", "--seed", "1",
                                      "--capacity", "5%", "--jobs", "1", "--no-progress"])
         self.assertEqual(status, 0)
         text = out.getvalue()
