@@ -24,6 +24,7 @@ from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy, prefix_end
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 
 GHOST = "mla_aware_ghost"
+MLA_POLICIES = ("mla_aware", GHOST)  # policies built from mla_aware's config keys
 
 
 class GhostAdaptiveStrategy(MLAAwareStrategy):
@@ -46,10 +47,11 @@ class GhostAdaptiveStrategy(MLAAwareStrategy):
         self._build = 0
 
     def get_priority(self, node: Any) -> tuple[float, float]:
-        now = self._node_type_readers(node)[0]()
+        clock, is_backed = self._node_type_readers(node)
+        now = clock()
         age = now - node.last_access_time
         self._observe(node, now, age)
-        value = self.value(node) ** self.weight
+        value = self._value(node, is_backed) ** self.weight
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def _observe(self, node: Any, now: float, age: float) -> None:
@@ -65,12 +67,13 @@ class GhostAdaptiveStrategy(MLAAwareStrategy):
             node._mla_ghost = (self, signature)
             previous = self._ghosts.pop(signature, None)
             if previous is not None and previous[0] != node.creation_time:
-                self._learn(*previous)
+                self._learn(age=previous[1], build=previous[2])
         else:
             signature = seen[1]
         _put(self._ghosts, signature, (node.creation_time, age, self._build), self.MAX_GHOSTS)
 
-    def _learn(self, _created: float, age: float, build: int) -> None:
+    def _learn(self, age: float, build: int) -> None:
+        """A victim last scored at ``age`` in heap build ``build`` came back."""
         oldest = self._oldest.get(build)
         if not oldest:
             return

@@ -22,7 +22,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_POLICIES = "lru,lfu,fifo,slru,priority,tlru,mla_aware,optimal"
-MLA_POLICIES = ("mla_aware", "mla_aware_ghost")  # take the cost-model config below
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
 RATE_KEYS = ("token_hit_rate", "flop_hit_rate")
 
@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sustained prefill TFLOP/s of the serving instance (default: 8 GPUs x 400)")
     p.add_argument("--h2d-gbps", type=float, default=25.0, help="host-to-device GB/s")
     p.add_argument("--decode-ms-per-token", type=float, default=20.0)
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
     p.add_argument("--json", dest="json_path", help="write results JSON here")
     p.add_argument("--markdown", help="write the markdown table here")
     p.add_argument("--plot", help="write a hit-rate-vs-capacity PNG here")
@@ -166,6 +166,7 @@ def host_tier_tokens(text: Optional[str], capacity_tokens: int, cost) -> int:
 
 
 def plan(args, trace, cost):
+    from policy_variants import MLA_POLICIES
     from simulator import ReplayConfig, known_policies
 
     from sglang.srt.mem_cache.mla_eviction_plugin import register

@@ -407,9 +407,10 @@ def _gsp(rng, n, fresh, *, rate, num_groups, prompts_per_group, system_prompt_le
         segments: list[_Segment] = [(system_ids[g], int(system_lens[g]))]
         for k in range(turns):
             segments.append((next(fresh), int(question_lens[sg, sp, k])))
-            output_id = next(fresh) if k + 1 < turns else None
+            output_id = next(fresh)
+            read_later = k + 1 < turns  # only a later turn's prompt holds this output
             drafts.append(_Draft(float(start) + k * turn_interval_s, tuple(segments), out, session,
-                                 output_id))
+                                 output_id if read_later else None))
             segments.append((output_id, out))
     return drafts
 

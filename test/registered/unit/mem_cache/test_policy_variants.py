@@ -29,9 +29,7 @@ class TestGhostHits(CustomTestCase):
         # Plain nodes are read with RadixCache's clock; the replay's tick clock stands in.
         self.clock = TickClock()
         self.clock.ticks = 100.0
-        ctx = radix_clock(self.clock)
-        ctx.__enter__()
-        self.addCleanup(ctx.__exit__, None, None, None)
+        self.enterContext(radix_clock(self.clock))
         self.root = SimpleNamespace(parent=None, key=[], creation_time=0.0)
         self.strategy = GhostAdaptiveStrategy(KVCostModel.from_preset("deepseek-v3"))
 
@@ -61,10 +59,10 @@ class TestGhostHits(CustomTestCase):
         s.weight = 2.0
         self.assertAlmostEqual(s.get_priority(node)[0] / base, 1 / s.value(node))
         s.weight = s.BOUNDS[1]
-        s._learn(0.0, age=1e9, build=s._build)
+        s._learn(age=1e9, build=s._build)
         self.assertEqual(s.weight, s.BOUNDS[1])
         s.weight = s.BOUNDS[0]
-        s._learn(0.0, age=0.0, build=s._build)
+        s._learn(age=0.0, build=s._build)
         self.assertEqual(s.weight, s.BOUNDS[0])
 
     def test_memory_is_bounded(self):
