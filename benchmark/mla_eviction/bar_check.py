@@ -84,7 +84,7 @@ def replay_source(name: str, args, host_tier: bool = False) -> list[dict]:
     ])
     trace = replay.load_trace(rargs)
     cost = replay.build_cost_model(rargs)
-    return replay.run_all(rargs, replay.plan(rargs, trace, cost), trace)
+    return replay.run_all(rargs, replay.plan(rargs, trace, cost), trace, cost)
 
 
 def checks(source: str, results: list[dict], host_tier: bool = False,

@@ -64,15 +64,21 @@ _WORDS = (
 # ---------------------------------------------------------------------------
 
 
+def correctness_pool_tokens(args: argparse.Namespace) -> Optional[int]:
+    """--max-total-tokens of the correctness servers: the flag's value, else a small pool
+    unless --mem-fraction-static sizes it."""
+    if args.max_total_tokens is None and args.mem_fraction_static is None:
+        return CORRECTNESS_MAX_TOTAL_TOKENS
+    return args.max_total_tokens
+
+
 def server_command(
     args: argparse.Namespace, variant: str, *, correctness: bool = False
 ) -> list[str]:
     """``launch_server`` argv; the mla_aware one is the baseline's plus the flag, last."""
     cmd = [args.python, "-m", "sglang.launch_server", "--model-path", args.model_path]
     cmd += ["--host", LOOPBACK, "--port", str(args.port), "--tp-size", str(args.tp_size)]
-    max_total_tokens = args.max_total_tokens
-    if correctness and max_total_tokens is None and args.mem_fraction_static is None:
-        max_total_tokens = CORRECTNESS_MAX_TOTAL_TOKENS
+    max_total_tokens = correctness_pool_tokens(args) if correctness else args.max_total_tokens
     if args.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(args.mem_fraction_static)]
     if max_total_tokens is not None:
@@ -461,9 +467,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
 def run_correctness(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    max_total_tokens = args.max_total_tokens
-    if max_total_tokens is None and args.mem_fraction_static is None:
-        max_total_tokens = CORRECTNESS_MAX_TOTAL_TOKENS
+    max_total_tokens = correctness_pool_tokens(args)
     prompts = correctness_prompts(
         args.correctness_prompts, max_total_tokens or CORRECTNESS_MAX_TOTAL_TOKENS
     )

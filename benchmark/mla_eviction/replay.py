@@ -222,12 +222,14 @@ def plan(args, trace, cost):
 _WORKER = {}
 
 
-def _init_worker(args):
+def _init_worker(args, trace=None, cost=None):
+    """Register the policy; keep the trace and cost model (built again from ``args`` in
+    a pool worker)."""
     from sglang.srt.mem_cache.mla_eviction_plugin import register
 
     register()
-    _WORKER["trace"] = load_trace(args)
-    _WORKER["cost"] = build_cost_model(args)
+    _WORKER["trace"] = trace if trace is not None else load_trace(args)
+    _WORKER["cost"] = cost if cost is not None else build_cost_model(args)
 
 
 def _run_one(config):
@@ -236,13 +238,13 @@ def _run_one(config):
     return Replayer(_WORKER["trace"], _WORKER["cost"], config).run().summary()
 
 
-def run_all(args, configs, trace) -> list[dict]:
+def run_all(args, configs, trace, cost) -> list[dict]:
     from tqdm import tqdm
 
     bar = tqdm(total=len(configs), desc="replays", unit="run", disable=args.no_progress, file=sys.stderr)
     results = []
     if args.jobs == 1:
-        _init_worker(args)
+        _init_worker(args, trace, cost)
         for cfg in configs:
             results.append(_run_one(cfg))
             bar.update()
@@ -338,13 +340,14 @@ def main(argv=None) -> int:
         print(f"replay.py: error: {e}", file=sys.stderr)
         return 2
     source = args.trace if args.trace else f"workload {args.workload} (seed {args.seed})"
+    unique = trace.num_unique_blocks()
     header = (
         f"**{Path(source).name if args.trace else source}**: {len(trace.requests)} requests, "
-        f"{trace.num_blocks()} blocks ({trace.num_unique_blocks()} unique), mode {args.mode}, "
+        f"{trace.num_blocks()} blocks ({unique} unique), mode {args.mode}, "
         f"cache {configs[0].cache}, model {cost.name} ({cost.bytes_per_token:,.0f} B/token), "
         f"page {args.page_size}" + (f", host tier {args.host_tier} (modelled)" if args.host_tier else "")
     )
-    results = run_all(args, configs, trace)
+    results = run_all(args, configs, trace, cost)
     table = markdown_table(results, header)
     print(table)
     payload = {
@@ -353,7 +356,7 @@ def main(argv=None) -> int:
         "cache": configs[0].cache,
         "model": cost.name,
         "requests": len(trace.requests),
-        "unique_blocks": trace.num_unique_blocks(),
+        "unique_blocks": unique,
         "host_tier": args.host_tier,
         "host_tier_modelled": bool(args.host_tier),
         "results": results,

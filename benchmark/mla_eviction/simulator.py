@@ -304,25 +304,28 @@ class Replayer:
             ids = np.concatenate([ids, own])
         return ids
 
-    def run(self, progress=None) -> ReplayResult:
+    def run(self, progress=None, first_index: int = 0) -> ReplayResult:
+        """Replay ``self.trace``; ``first_index`` numbers its first request (output ids
+        are per index, so a caller replaying chunk after chunk on one cache keeps them
+        unique; the ``optimal`` bound needs 0)."""
         with radix_clock(self.clock):
-            return self._run(progress)
+            return self._run(progress, first_index)
 
-    def _run(self, progress) -> ReplayResult:
+    def _run(self, progress, first_index: int) -> ReplayResult:
         reqs = self.trace.requests
         if self.sequential:
-            for i, req in enumerate(reqs):
+            for i, req in enumerate(reqs, first_index):
                 self._sequential_step(i, req)
                 if progress:
                     progress()
             return self.result
         queue: deque = deque()
         events: list = []  # heap of (time, seq, step, state); step 0 prefill done, 1 finish
-        arrivals = iter(enumerate(reqs))
+        arrivals = iter(enumerate(reqs, first_index))
         next_arrival = next(arrivals, None)
         seq = 0
         while next_arrival is not None or queue or events:
-            t_arrive = reqs[next_arrival[0]].timestamp_s if next_arrival else float("inf")
+            t_arrive = next_arrival[1].timestamp_s if next_arrival else float("inf")
             if events and events[0][0] < t_arrive:
                 now, _, step, state = heapq.heappop(events)
                 if step == 0:
@@ -374,7 +377,8 @@ class Replayer:
             out = self.allocator.alloc(need)
         return out
 
-    def _account_hit(self, req: Request, device_pages: int, host_pages: int) -> None:
+    def _account_hit(self, req: Request, device_pages: int, host_pages: int) -> tuple[int, int]:
+        """Count a served request; return its (hit, host-reloaded) prompt tokens."""
         r = self.result
         r.requests += 1
         hit = min((device_pages + host_pages) * self.unit, req.input_length)
@@ -386,12 +390,17 @@ class Replayer:
         r.host_hit_tokens += host
         r.prompt_flops += self.cost.prefill_flops(0, req.input_length)
         r.saved_flops += self.cost.prefill_flops(0, hit)
+        return hit, host
+
+    def _reject(self):
+        self.result.requests += 1
+        self.result.rejected += 1
+        return _REJECTED
 
     def _sequential_step(self, idx: int, req: Request) -> None:
         state = self._admit(idx, req, req.timestamp_s)
         if state is None:  # cannot fit even with everything evicted
-            self.result.requests += 1
-            self.result.rejected += 1
+            self._reject()
         if state is None or state is _REJECTED:
             return
         # One node per block, so eviction is block-granular like the trace's figures:
@@ -415,9 +424,7 @@ class Replayer:
         total = req.input_length if self.sequential else req.input_length + req.output_length
         pages = self._pages(idx, req, total)
         if len(pages) > self.allocator.size:
-            self.result.requests += 1
-            self.result.rejected += 1
-            return _REJECTED
+            return self._reject()
         prompt_pages = req.input_length // self.unit
         key = RadixKey(array("q", pages[: -(-req.input_length // self.unit)].tobytes()))
         match = self._timed(self.cache.match_prefix, MatchPrefixParams(key=key))
@@ -438,11 +445,10 @@ class Replayer:
         host = 0
         if self.host is not None:
             host = self.host.hit_pages(pages[:prompt_pages].tolist(), prefix)
-        self._account_hit(req, prefix, host)
-        hit = min((prefix + host) * self.unit, req.input_length)
+        hit, host_tokens = self._account_hit(req, prefix, host)
         prefill_s = (
             self.cost.prefill_seconds(hit, req.input_length)
-            + min(host * self.unit, hit) * self.cost.reload_seconds_per_token
+            + host_tokens * self.cost.reload_seconds_per_token
         )
         self.result.prefill_s += prefill_s
         if not self.sequential:

@@ -37,8 +37,7 @@ import psutil  # noqa: E402
 
 
 def _cache_nodes(replayer) -> tuple[list, type]:
-    cache = replayer.cache
-    root = cache.tree_core.root_node if hasattr(cache, "tree_core") else cache.root_node
+    root = replayer.cache.root_node
     out, stack = [], list(root.children.values())
     while stack:
         node = stack.pop()
@@ -47,17 +46,15 @@ def _cache_nodes(replayer) -> tuple[list, type]:
     return out, type(root)
 
 
-def sample(replayer, served: int, t0: float, with_gc: bool = True) -> dict:
+def sample(replayer, served: int, t0: float) -> dict:
     nodes, node_type = _cache_nodes(replayer)
     in_tree = {id(n) for n in nodes}
     memo_nodes = sum(1 for n in nodes if hasattr(n, "_mla_prefix_end"))
-    stray = 0
-    if with_gc:
-        gc.collect()
-        stray = sum(
-            1 for o in gc.get_objects()
-            if type(o) is node_type and hasattr(o, "_mla_prefix_end") and id(o) not in in_tree
-        )
+    gc.collect()
+    stray = sum(
+        1 for o in gc.get_objects()
+        if type(o) is node_type and hasattr(o, "_mla_prefix_end") and id(o) not in in_tree
+    )
     r = replayer.result
     return {
         "requests": served,
@@ -85,8 +82,8 @@ def run_soak(*, requests: int, cache: str = "unified", workload: str = "chat",
 
     Stops early (between requests, after a final sample) once ``max_seconds`` passed.
     """
-    from simulator import ReplayConfig, Replayer
-    from traces import Trace, generate_workload
+    from simulator import ReplayConfig, Replayer, radix_clock
+    from traces import generate_workload
 
     from sglang.srt.mem_cache.mla_cost_model import KVCostModel
     from sglang.srt.mem_cache.mla_eviction_plugin import register
@@ -117,22 +114,26 @@ def run_soak(*, requests: int, cache: str = "unified", workload: str = "chat",
         if c:
             trace = generate_workload(workload, num_requests=min(chunk, requests - served),
                                       seed=seed + c, block_size=block_size)
-        replayer.trace = Trace(trace.name, trace.block_size, trace.requests)
+        replayer.trace = trace
         if mode == "sequential":
-            for req in trace.requests:
-                replayer._sequential_step(served, req)  # global index: unique output ids
-                served += 1
-                if time.perf_counter() - t0 >= max_seconds:
-                    break
-                if bar:
-                    bar.update()
-                if served % sample_every == 0:
-                    samples.append(sample(replayer, served, t0))
-                    if on_sample:
-                        on_sample(samples[-1])
+            # Request by request (to sample and stop between requests), on the replay's
+            # clock as run() would; global indices keep output ids unique.
+            with radix_clock(replayer.clock):
+                for req in trace.requests:
+                    replayer._sequential_step(served, req)
+                    served += 1
+                    if time.perf_counter() - t0 >= max_seconds:
+                        break
+                    if bar:
+                        bar.update()
+                    if served % sample_every == 0:
+                        samples.append(sample(replayer, served, t0))
+                        if on_sample:
+                            on_sample(samples[-1])
         else:
             before = served
-            replayer.run(progress=bar.update if bar else None)  # drains all in flight
+            # Drains all in flight; global indices keep output ids unique across chunks.
+            replayer.run(progress=bar.update if bar else None, first_index=served)
             served += len(trace.requests)
             if served // sample_every > before // sample_every:
                 samples.append(sample(replayer, served, t0))

@@ -486,10 +486,6 @@ class Workload:
     params: Mapping[str, tuple[Any, Callable[[Any], Any]]]  # name -> (default, check)
     build: Callable[..., list[_Draft]]
 
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return {name: default for name, (default, _) in self.params.items()}
-
 
 def _workload(description: str, build: Callable[..., list[_Draft]], **params) -> Workload:
     return Workload(description, MappingProxyType(params), build)
@@ -534,7 +530,8 @@ def generate_workload(name: str, *, num_requests: int, seed: int, block_size: in
     """A synthetic trace of exactly ``num_requests`` requests, sorted by arrival.
 
     The same (name, num_requests, seed, block_size, params) always gives the same trace.
-    ``params`` override ``WORKLOADS[name].defaults``; token spans are (lo, hi) inclusive.
+    ``params`` override the defaults in ``WORKLOADS[name].params``; token spans are (lo, hi)
+    inclusive.
     Block ids are numbered in order of first appearance (each prompt, then its prompt + output
     where a later prompt holds the output). Raises ValueError naming the workload
     or parameter for an unknown name, unknown parameter or bad value.
@@ -542,11 +539,12 @@ def generate_workload(name: str, *, num_requests: int, seed: int, block_size: in
     workload = WORKLOADS.get(name)
     if workload is None:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-    for key, value in (("num_requests", num_requests), ("block_size", block_size)):
-        if type(value) is not int or value < 1:
-            raise ValueError(f"workload {name!r}: {key} must be an integer >= 1, got {value!r}")
-    if type(seed) is not int or seed < 0:
-        raise ValueError(f"workload {name!r}: seed must be an integer >= 0, got {seed!r}")
+    for key, value, check in (("num_requests", num_requests, _count),
+                              ("block_size", block_size, _count), ("seed", seed, _tokens)):
+        try:
+            check(value)
+        except ValueError as e:
+            raise ValueError(f"workload {name!r}: {key} {e}") from None
     unknown = sorted(set(params) - set(workload.params))
     if unknown:
         raise ValueError(f"workload {name!r}: unknown parameter(s) {unknown}; "
