@@ -47,6 +47,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -303,12 +304,6 @@ def time_calls(
     return times
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-
-
 def attended_positions(depth: int, chunk: int) -> int:
     """``sum_{p=depth}^{depth+chunk-1} (p + 1)``: keys attended by a chunk at that depth."""
     return chunk * depth + chunk * (chunk + 1) // 2
@@ -338,7 +333,7 @@ def measure_prefill(layer: MLALayer, depths, chunk: int, repeats: int, form: str
             "depth": depth,
             "chunk": chunk,
             "attended_positions": attended_positions(depth, chunk),
-            "seconds_median": _median(seconds),
+            "seconds_median": median(seconds),
             "seconds": seconds,
         }
         for depth, seconds in zip(depths, times)
@@ -366,7 +361,7 @@ def measure_h2d(
             "method": method,
             "tokens": n,
             "bytes": size,
-            "seconds_median": _median(seconds),
+            "seconds_median": median(seconds),
             "seconds": seconds,
         }
         for n, size, seconds in zip(H2D_TOKENS, sizes, times)

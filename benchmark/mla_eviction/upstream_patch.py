@@ -262,7 +262,7 @@ def handle_mla_aware_eviction(server_args: Any) -> None:
             "drop one of them."
         )
     from sglang.srt.mem_cache.mla_cost_model import (
-        AttentionKind,
+        LATENT_KINDS,
         KVCostModel,
         ModelConfigError,
     )
@@ -275,7 +275,7 @@ def handle_mla_aware_eviction(server_args: Any) -> None:
             "--mla-aware-eviction: %s; keeping --radix-eviction-policy %s.", e, policy
         )
         return
-    if kind not in (AttentionKind.MLA, AttentionKind.DSA):
+    if kind not in LATENT_KINDS:
         logger.info(
             "--mla-aware-eviction: %s attention has no latent KV cache; keeping "
             "--radix-eviction-policy %s.",

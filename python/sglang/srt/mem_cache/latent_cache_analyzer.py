@@ -28,14 +28,13 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from sglang.srt.mem_cache.mla_cost_model import (
-    AttentionKind,
+    LATENT_KINDS,
     ConfigSource,
     KVCostModel,
     ModelConfigError,
+    whole_page_tokens,
 )
 from sglang.srt.mem_cache.mla_eviction_budget import MLAEvictionBudget, parse_size
-
-_LATENT_KINDS = (AttentionKind.MLA, AttentionKind.DSA)
 
 
 @dataclass(frozen=True)
@@ -111,10 +110,10 @@ class LatentCacheAnalyzer:
             bytes_per_token=_exact_int(cm.bytes_per_token),
             cacheable_tokens=budget.capacity_tokens,
             mha_equivalent_bytes_per_token=_exact_int(mha_bytes),
-            mha_equivalent_tokens=_whole_pages(budget.capacity_bytes, mha_bytes, cm.page_size),
+            mha_equivalent_tokens=whole_page_tokens(budget.capacity_bytes, mha_bytes, cm.page_size),
             compression_vs_mha=cm.compression_vs_mha,
             compression_vs_mha_tp1=self.tp1_cost_model.compression_vs_mha,
-            latent_replicated=cm.attention in _LATENT_KINDS,
+            latent_replicated=cm.attention in LATENT_KINDS,
         )
 
 
@@ -197,11 +196,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _exact_int(value: float) -> int:
     """Byte counts are whole numbers; the cost model keeps them as floats."""
     return int(round(value))
-
-
-def _whole_pages(num_bytes: int, bytes_per_token: float, page_size: int) -> int:
-    """Tokens in whole pages that ``num_bytes`` holds at ``bytes_per_token`` each."""
-    return int(num_bytes // (bytes_per_token * page_size)) * page_size
 
 
 if __name__ == "__main__":

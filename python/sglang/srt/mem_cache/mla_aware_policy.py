@@ -75,7 +75,6 @@ class MLAAwareStrategy(EvictionStrategy):
         self.hit_exponent = float(hit_exponent)
         self.depth_aware = depth_aware
         self.host_aware = host_aware
-        self._bytes_per_token = cost_model.bytes_per_token
         self._readers: dict[type, tuple] = {}
 
     @classmethod
@@ -108,17 +107,20 @@ class MLAAwareStrategy(EvictionStrategy):
         backed = self.host_aware and is_backed(node)
         memo = node.__dict__.get("_mla_density")
         if memo is None or memo[0] is not self or memo[1] != key_len or memo[2] != backed:
-            memo = (self, key_len, backed, self.restore_seconds_per_byte(node))
+            memo = (self, key_len, backed, self._restore_seconds_per_byte(node, backed))
             node._mla_density = memo
         return memo[3] * (1 + node.hit_count) ** self.hit_exponent
 
     def restore_seconds_per_byte(self, node: Any) -> float:
         """Restore time of the node's tokens over the bytes they hold (page-rounded)."""
+        backed = self.host_aware and self._node_type_readers(node)[1](node)
+        return self._restore_seconds_per_byte(node, backed)
+
+    def _restore_seconds_per_byte(self, node: Any, backed: bool) -> float:
         n = len(node.key) * self.key_unit_tokens
         if n == 0:
             return 0.0
         end = prefix_end(node) * self.key_unit_tokens if self.depth_aware else n
-        backed = self.host_aware and self._node_type_readers(node)[1](node)
         seconds = self.cost_model.restore_seconds(end - n, end, backed_up=backed)
         return seconds / self.cost_model.bytes_for_tokens(n)
 

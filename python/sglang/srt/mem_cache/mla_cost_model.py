@@ -44,6 +44,10 @@ class AttentionKind(str, enum.Enum):
     DSA = "dsa"
 
 
+# Attention kinds that cache one latent vector per token, replicated on every TP rank.
+LATENT_KINDS = frozenset({AttentionKind.MLA, AttentionKind.DSA})
+
+
 class ModelConfigError(ValueError):
     """A model config that cannot be turned into a cost model; names the field."""
 
@@ -164,15 +168,8 @@ class KVCostModel:
         :class:`ModelConfigError` naming the missing or bad field.
         """
         if isinstance(config, (str, Path)) and str(config).lower() in PRESETS:
-            return cls.from_preset(
-                str(config),
-                kv_cache_dtype=kv_cache_dtype,
-                tp_size=tp_size,
-                page_size=page_size,
-                gpu_flops_per_s=gpu_flops_per_s,
-                host_to_device_bytes_per_s=host_to_device_bytes_per_s,
-                calibration=calibration,
-            )
+            name = str(config).lower()
+            config = PRESETS[name]
         cfg, where = _load_config(config)
         _require_positive(tp_size, "tp_size", "the serving setup")
         _require_positive(page_size, "page_size", "the serving setup")
@@ -183,7 +180,7 @@ class KVCostModel:
         heads = fields.int("num_attention_heads")
         dtype_bytes = _kv_dtype_bytes(kv_cache_dtype, cfg, where)
 
-        if kind in (AttentionKind.MLA, AttentionKind.DSA):
+        if kind in LATENT_KINDS:
             latent = fields.int("kv_lora_rank")
             rope = fields.int("qk_rope_head_dim")
             nope = fields.int("qk_nope_head_dim")
@@ -251,8 +248,7 @@ class KVCostModel:
         """Whole pages' worth of tokens that fit in ``num_bytes`` (0 if negative)."""
         if num_bytes <= 0:
             return 0
-        pages = int(num_bytes // (self.page_size * self.bytes_per_token))
-        return pages * self.page_size
+        return whole_page_tokens(num_bytes, self.bytes_per_token, self.page_size)
 
     @property
     def compression_vs_mha(self) -> float:
@@ -378,13 +374,18 @@ def _attention_kind(fields: _ConfigReader) -> AttentionKind:
     return AttentionKind.MQA if kv_heads == 1 else AttentionKind.GQA
 
 
+def whole_page_tokens(num_bytes: float, bytes_per_token: float, page_size: int) -> int:
+    """Tokens in the whole pages that ``num_bytes`` holds at ``bytes_per_token`` each."""
+    return int(num_bytes // (bytes_per_token * page_size)) * page_size
+
+
 def _active_params(fields: _ConfigReader, kind: AttentionKind) -> int:
     """Weights one prompt token multiplies through (no embeddings, no LM head)."""
     cfg = fields.cfg
     hidden = fields.int("hidden_size")
     layers = fields.int("num_hidden_layers")
     heads = fields.int("num_attention_heads")
-    if kind in (AttentionKind.MLA, AttentionKind.DSA):
+    if kind in LATENT_KINDS:
         nope, rope = fields.int("qk_nope_head_dim"), fields.int("qk_rope_head_dim")
         v_dim, latent = fields.int("v_head_dim"), fields.int("kv_lora_rank")
         q_lora = fields.optional_int("q_lora_rank")

@@ -21,12 +21,11 @@ import logging
 from typing import Any, Callable
 
 from sglang.srt.mem_cache.mla_aware_policy import POLICY_NAME, create_mla_aware_strategy
-from sglang.srt.mem_cache.mla_cost_model import AttentionKind, KVCostModel, ModelConfigError
+from sglang.srt.mem_cache.mla_cost_model import LATENT_KINDS, KVCostModel, ModelConfigError
 
 logger = logging.getLogger(__name__)
 
 FLAG = "--mla-aware-eviction"
-_MLA_KINDS = (AttentionKind.MLA, AttentionKind.DSA)
 
 
 def register() -> None:
@@ -119,7 +118,7 @@ def resolve_policy_params(
         logger.info("%s: model not understood (%s); keeping the stock LRU policy.", FLAG, e)
         params.eviction_policy, params.eviction_policy_config = "lru", None
         return
-    if kind not in _MLA_KINDS and not explicit:
+    if kind not in LATENT_KINDS and not explicit:
         logger.info(
             "%s: %s attention is not latent-compressed; keeping the stock LRU policy "
             "(use --radix-eviction-policy mla_aware to force it).",
