@@ -288,34 +288,6 @@ def handle_mla_aware_eviction(server_args: Any) -> None:
     )
 '''
 
-_POLICY_CONFIG_HELPER = '''\
-def mla_aware_policy_config(
-    user_config: Optional[dict],
-    *,
-    hf_config: dict,
-    tp_size: int,
-    page_size: int,
-    kv_cache_dtype: str,
-) -> dict:
-    """The ``mla_aware`` policy config: the served model, under the user's keys.
-
-    The policy prices a node from the model's KV layout and prefill cost, so it is
-    given the Hugging Face config, the TP size, the page size and the KV dtype. Keys
-    set in ``--radix-eviction-policy-config`` win. A KV dtype the cost model does not
-    price is left to the model's own dtype ("auto").
-    """
-    priced = ("fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16")
-    return {
-        "model": hf_config,
-        "tp_size": tp_size,
-        "page_size": page_size,
-        "kv_cache_dtype": kv_cache_dtype if kv_cache_dtype in priced else "auto",
-        **(user_config or {}),
-    }
-
-
-'''
-
 _POLICY_CONFIG_CALL = '''\
     if params.eviction_policy == "mla_aware" and not params.disable:
         params.eviction_policy_config = mla_aware_policy_config(
@@ -392,9 +364,8 @@ EDITS: tuple[Edit, ...] = (
     ),
     Edit(
         f"{_SRT}/mem_cache/kv_cache_builder.py",
-        "def build_kv_cache(\n",
-        _POLICY_CONFIG_HELPER,
-        where="before",
+        "from sglang.srt.mem_cache.hicache_auto_size import auto_size_hicache\n",
+        "from sglang.srt.mem_cache.mla_aware_policy import mla_aware_policy_config\n",
     ),
     Edit(
         f"{_SRT}/mem_cache/kv_cache_builder.py",
@@ -437,8 +408,7 @@ import unittest
 from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
 from sglang.srt.arg_groups.overrides import resolution_result
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.kv_cache_builder import mla_aware_policy_config
-from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
+from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy, mla_aware_policy_config
 from sglang.srt.mem_cache.mla_cost_model import PRESETS
 from sglang.srt.mem_cache.unified_cache.tree_core_registry import (
     resolve_tree_core_backend,

@@ -247,6 +247,31 @@ def cost_model_from_policy_config(cfg: Mapping[str, Any]) -> KVCostModel:
         raise PolicyConfigError(f"mla_aware: key 'model': {e}") from None
 
 
+def mla_aware_policy_config(
+    user_config: Optional[Mapping[str, Any]],
+    *,
+    hf_config: Mapping[str, Any],
+    tp_size: int,
+    page_size: int,
+    kv_cache_dtype: str,
+) -> dict[str, Any]:
+    """The ``mla_aware`` policy config for a served model, under the user's keys.
+
+    The policy prices a node from the model's KV layout and prefill cost, so it is given
+    the Hugging Face config, the TP size, the page size and the KV dtype. Keys set in
+    ``--radix-eviction-policy-config`` win. A KV dtype the cost model does not price is
+    left to the model's own dtype ("auto").
+    """
+    priced = ("fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16")
+    return {
+        "model": hf_config,
+        "tp_size": tp_size,
+        "page_size": page_size,
+        "kv_cache_dtype": kv_cache_dtype if kv_cache_dtype in priced else "auto",
+        **(user_config or {}),
+    }
+
+
 def create_mla_aware_strategy(**config: Any) -> MLAAwareStrategy:
     """Factory registered as ``mla_aware``: keyword arguments are the policy config."""
     return MLAAwareStrategy.from_config(config)

@@ -20,7 +20,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from sglang.srt.mem_cache.mla_aware_policy import POLICY_NAME, create_mla_aware_strategy
+from sglang.srt.mem_cache.mla_aware_policy import (
+    POLICY_NAME,
+    create_mla_aware_strategy,
+    mla_aware_policy_config,
+)
 from sglang.srt.mem_cache.mla_cost_model import LATENT_KINDS, KVCostModel, ModelConfigError
 
 logger = logging.getLogger(__name__)
@@ -127,14 +131,13 @@ def resolve_policy_params(
         )
         params.eviction_policy, params.eviction_policy_config = "lru", None
         return
-    dtype = kv_cache_dtype if kv_cache_dtype in ("fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16") else "auto"
-    params.eviction_policy_config = {
-        "model": hf_config,
-        "tp_size": tp_size,
-        "page_size": params.page_size,
-        "kv_cache_dtype": dtype,
-        **(params.eviction_policy_config or {}),
-    }
+    params.eviction_policy_config = mla_aware_policy_config(
+        params.eviction_policy_config,
+        hf_config=hf_config,
+        tp_size=tp_size,
+        page_size=params.page_size,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     if params.tree_core_backend != "python":
         logger.info(
             "mla_aware eviction: using the Python tree core of UnifiedRadixCache "
