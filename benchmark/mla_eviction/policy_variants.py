@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy, prefix_end
+from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy, ghost_signature
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 
 GHOST = "mla_aware_ghost"
@@ -63,7 +63,7 @@ class GhostAdaptiveStrategy(MLAAwareStrategy):
             self._oldest[self._build] = age
         seen = node.__dict__.get("_mla_ghost")
         if seen is None or seen[0] is not self:
-            signature = _signature(node)
+            signature = ghost_signature(node)
             node._mla_ghost = (self, signature)
             previous = self._ghosts.pop(signature, None)
             if previous is not None and previous[0] != node.creation_time:
@@ -84,12 +84,6 @@ class GhostAdaptiveStrategy(MLAAwareStrategy):
             self.weight = min(high, self.weight + self.STEP * (1 - self.RHO))
         else:
             self.weight = max(low, self.weight - self.STEP * self.RHO)
-
-
-def _signature(node: Any) -> tuple:
-    """Where a leaf starts, what it starts with and under which parent."""
-    ids = getattr(node.key, "token_ids", node.key)
-    return (prefix_end(node) - len(node.key), tuple(ids[:4]), node.parent.creation_time)
 
 
 def _put(table: OrderedDict, key, value, limit: int) -> None:

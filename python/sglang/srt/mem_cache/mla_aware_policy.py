@@ -4,7 +4,7 @@ A node's priority (lowest is evicted first) is the expected restore work its byt
 would save::
 
     value(node)    = restore_seconds(node) / bytes(node) * reuse(node)
-    priority(node) = (-age(node) / value(node), last_access_time)
+    priority(node) = (-age(node) * factor(node) / value(node), last_access_time)
 
 ``restore_seconds`` comes from :class:`KVCostModel`: recompute positions
 ``[start, end)`` of the node (prefill work grows with depth), or reload them from host
@@ -15,12 +15,21 @@ twice as long. Ages are ratios of one clock, so the order does not depend on whe
 the tree counts time in seconds (``RadixCache``) or in logical ticks
 (``UnifiedRadixCache``).
 
+``factor`` is 1 for a *proven* node and ``B >= 1`` for a *probationary* one
+(:class:`AdaptiveProbation`): a node is proven once two different children have hung
+under it (a shared prefix) or once it came back after being evicted. ``B`` is learnt
+online from which kind of victim comes back, as ARC sizes its recency and frequency
+lists: a probationary victim returning lowers it (toward cost-weighted LRU), a proven
+one raises it (toward SLRU's strict protection).
+
 The strategy only scores; the cache decides how much to free, so the number of tokens
 evicted for an allocation is exactly what it is under LRU.
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -51,6 +60,7 @@ _TUNABLE_KEYS = {
     "hit_exponent": ((int, float), 1.0),
     "depth_aware": (bool, True),
     "host_aware": (bool, True),
+    "probation": (bool, True),
 }
 
 
@@ -68,6 +78,7 @@ class MLAAwareStrategy(EvictionStrategy):
         hit_exponent: float = 1.0,
         depth_aware: bool = True,
         host_aware: bool = True,
+        probation: bool = True,
         key_unit_tokens: int = 1,
     ):
         self.cost_model = cost_model
@@ -75,6 +86,7 @@ class MLAAwareStrategy(EvictionStrategy):
         self.hit_exponent = float(hit_exponent)
         self.depth_aware = depth_aware
         self.host_aware = host_aware
+        self.probation = AdaptiveProbation() if probation else None
         self._readers: dict[type, tuple] = {}
 
     @classmethod
@@ -94,6 +106,8 @@ class MLAAwareStrategy(EvictionStrategy):
         now, is_backed = self._node_type_readers(node)
         value = self._value(node, is_backed)
         age = now() - node.last_access_time
+        if self.probation is not None:
+            age *= self.probation.factor_for(node)
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
@@ -133,6 +147,91 @@ class MLAAwareStrategy(EvictionStrategy):
                 _backed_reader(type(node)),
             )
         return readers
+
+
+class AdaptiveProbation:
+    """How much faster probationary nodes age than proven ones, learnt from ghost hits.
+
+    A node is *proven* once two different children have been scored under it (a prefix
+    that several continuations share) or once it came back after being evicted (seen
+    twice, as ARC's frequency list); otherwise it is *probationary* and its age counts
+    ``factor`` times. ``factor = exp(log_factor)`` starts at 1 (plain cost-weighted LRU)
+    and stays within ``[1, MAX_FACTOR]``.
+
+    Ghost hits: the first time a node is scored, its signature (start position, leading
+    key elements, parent's ``creation_time``) is looked up among the nodes scored before.
+    A match with a different ``creation_time`` is evicted content that came back (a
+    split keeps ``creation_time``, so the upper half of a split is no match). A returning
+    probationary victim means probation was too harsh: ``log_factor`` falls by ``STEP``;
+    a returning proven victim means it was too lenient: it rises by ``STEP``. Memory is
+    bounded by ``MAX_GHOSTS`` signatures (oldest forgotten first). Nothing here reads a
+    clock, so the legacy tree's wall-clock stamps and the unified tree's ticks behave
+    alike.
+    """
+
+    STEP = 0.1
+    MAX_FACTOR = 1000.0
+    MAX_GHOSTS = 1 << 16
+
+    def __init__(self):
+        self.log_factor = 0.0
+        self.factor = 1.0
+        self.returns = [0, 0]  # victims that came back: (proven, probationary)
+        self._ghosts: OrderedDict = OrderedDict()  # signature -> (creation_time, probationary)
+
+    def factor_for(self, node: Any) -> float:
+        """``factor`` if ``node`` is probationary, else 1; records what it learns."""
+        state = node.__dict__.get("_mla_probation")
+        if state is None or state[0] is not self:
+            state = self._first_score(node)
+        elif state[1] is not node.parent:  # a split put a new parent above the node
+            state = self._rehome(node, state)
+        probationary = not state[3] and node.__dict__.get("_mla_children", 0) < 2
+        if probationary != state[4]:
+            state[4] = probationary
+            self._remember(state[2], node.creation_time, probationary)
+        return self.factor if probationary else 1.0
+
+    def _first_score(self, node: Any) -> list:
+        signature = ghost_signature(node)
+        victim = self._ghosts.pop(signature, None)
+        returned = victim is not None and victim[0] != node.creation_time
+        if returned:
+            self._learn(victim[1])
+        _count_child(node.parent)
+        # [owner, parent, signature, came back, probationary as last remembered]
+        state = node._mla_probation = [self, node.parent, signature, returned, None]
+        return state
+
+    def _rehome(self, node: Any, state: list) -> list:
+        self._ghosts.pop(state[2], None)
+        _count_child(node.parent)
+        state[1], state[2], state[4] = node.parent, ghost_signature(node), None
+        return state
+
+    def _remember(self, signature: tuple, creation_time: float, probationary: bool) -> None:
+        self._ghosts[signature] = (creation_time, probationary)
+        if len(self._ghosts) > self.MAX_GHOSTS:
+            self._ghosts.popitem(last=False)
+
+    def _learn(self, victim_probationary: bool) -> None:
+        self.returns[victim_probationary] += 1
+        step = -self.STEP if victim_probationary else self.STEP
+        self.log_factor = min(max(self.log_factor + step, 0.0), math.log(self.MAX_FACTOR))
+        self.factor = math.exp(self.log_factor)
+
+
+def _count_child(parent: Any) -> None:
+    if parent is not None:
+        parent._mla_children = parent.__dict__.get("_mla_children", 0) + 1
+
+
+def ghost_signature(node: Any) -> tuple:
+    """Where a node starts, what it starts with and under which parent: the same for
+    content evicted and inserted again, different for other content."""
+    ids = getattr(node.key, "token_ids", node.key)
+    start = prefix_end(node) - len(node.key)
+    return (start, tuple(ids[:4]), node.parent.creation_time)
 
 
 def _backed_reader(node_type: type):

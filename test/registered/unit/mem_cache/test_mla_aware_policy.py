@@ -7,6 +7,8 @@ Access times are set by hand relative to each tree's clock (seconds for
 RadixCache, logical ticks for the unified tree).
 """
 
+import itertools
+import math
 import time
 import unittest
 from array import array
@@ -19,6 +21,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mla_aware_policy import (
+    AdaptiveProbation,
     MLAAwareStrategy,
     PolicyConfigError,
     create_mla_aware_strategy,
@@ -246,15 +249,19 @@ class TestStrategyWithMockNodes(CustomTestCase):
     """The scoring rules in isolation, as upstream's test_evict_policy.py does."""
 
     def setUp(self):
-        self.root = SimpleNamespace(parent=None, key=[])
+        self.created = itertools.count()
+        self.root = self.node(None, 0)
         self.now = time.monotonic()
 
-    def leaf(self, length, *, depth=0, age=10.0, hits=0, backuped=False):
-        parent = self.root
-        if depth:
-            parent = SimpleNamespace(parent=self.root, key=[0] * depth)
-        return SimpleNamespace(parent=parent, key=[0] * length, hit_count=hits,
-                               last_access_time=self.now - age, backuped=backuped)
+    def node(self, parent, length, first=0, **fields):
+        fields.setdefault("creation_time", float(next(self.created)))
+        return SimpleNamespace(parent=parent, key=[first] * length, **fields)
+
+    def leaf(self, length, *, depth=0, age=10.0, hits=0, backuped=False, parent=None, first=0):
+        if parent is None:
+            parent = self.node(self.root, depth) if depth else self.root
+        return self.node(parent, length, first, hit_count=hits,
+                         last_access_time=self.now - age, backuped=backuped)
 
     def strategy(self, **kwargs):
         return MLAAwareStrategy(KVCostModel.from_preset("deepseek-v3"), **kwargs)
@@ -313,6 +320,104 @@ class TestStrategyWithMockNodes(CustomTestCase):
         self.assertAlmostEqual(strategy.restore_seconds_per_byte(one) / expected, 1.0)
 
 
+class TestAdaptiveProbation(CustomTestCase):
+    """Which nodes are probationary, and how ghost hits move the factor."""
+
+    setUp, node, leaf = (TestStrategyWithMockNodes.setUp, TestStrategyWithMockNodes.node,
+                         TestStrategyWithMockNodes.leaf)
+
+    def strategy(self, **kwargs):
+        return MLAAwareStrategy(KVCostModel.from_preset("deepseek-v3"), **kwargs)
+
+    def evict_and_return(self, strategy, victim):
+        """Score ``victim``, then a node with its signature but a new creation time."""
+        strategy.get_priority(victim)
+        back = self.node(victim.parent, len(victim.key), victim.key[0], hit_count=0,
+                         last_access_time=self.now, backuped=False)
+        strategy.get_priority(back)
+        return back
+
+    def prove(self, strategy, node):
+        """Score two different children under ``node``: it becomes a shared prefix."""
+        for first in (1, 2):
+            strategy.get_priority(self.leaf(8, parent=node, first=first))
+
+    def test_starts_as_cost_weighted_lru(self):
+        leaf = self.leaf(64, age=10.0, hits=2)
+        on, off = self.strategy(), self.strategy(probation=False)
+        self.assertIsNone(off.probation)
+        self.assertEqual(on.probation.factor, 1.0)
+        # Ages differ by the clock's drift between the two calls only.
+        self.assertAlmostEqual(on.get_priority(leaf)[0] / off.get_priority(leaf)[0], 1.0, places=3)
+
+    def test_proven_victim_coming_back_raises_the_factor(self):
+        strategy = self.strategy()
+        prefix = self.leaf(64, first=5)
+        self.prove(strategy, prefix)
+        back = self.evict_and_return(strategy, prefix)
+        probation = strategy.probation
+        self.assertEqual(probation.returns, [1, 0])
+        self.assertAlmostEqual(probation.factor, math.exp(AdaptiveProbation.STEP))
+        self.assertEqual(probation.factor_for(back), 1.0)  # came back: proven
+        tail = self.leaf(64, first=9)
+        self.assertEqual(probation.factor_for(tail), probation.factor)
+        # A probationary node ages `factor` times faster than the same node proven.
+        off = self.strategy(probation=False)
+        self.assertAlmostEqual(strategy.get_priority(tail)[0] / off.get_priority(tail)[0],
+                               probation.factor, places=3)
+
+    def test_probationary_victim_coming_back_lowers_the_factor(self):
+        strategy = self.strategy()
+        prefix = self.leaf(64, first=5)
+        self.prove(strategy, prefix)
+        self.evict_and_return(strategy, prefix)
+        self.evict_and_return(strategy, self.leaf(64, first=9))
+        self.assertEqual(strategy.probation.returns, [1, 1])
+        self.assertAlmostEqual(strategy.probation.log_factor, 0.0)
+        self.evict_and_return(strategy, self.leaf(64, first=11))
+        self.assertEqual(strategy.probation.log_factor, 0.0)  # never below plain LRU
+
+    def test_factor_is_bounded(self):
+        strategy = self.strategy()
+        for first in range(100):
+            prefix = self.leaf(64, first=1000 + first)
+            self.prove(strategy, prefix)
+            self.evict_and_return(strategy, prefix)
+        self.assertAlmostEqual(strategy.probation.factor, AdaptiveProbation.MAX_FACTOR)
+
+    def test_split_and_rescoring_are_not_ghost_hits(self):
+        strategy = self.strategy()
+        node = self.leaf(64, first=5)
+        strategy.get_priority(node)
+        strategy.get_priority(node)
+        upper = self.node(node.parent, 16, 5, hit_count=0, last_access_time=self.now,
+                          backuped=False, creation_time=node.creation_time)
+        node.parent, node.key = upper, node.key[16:]  # what a split does
+        strategy.get_priority(upper)
+        strategy.get_priority(node)
+        self.assertEqual(strategy.probation.returns, [0, 0])
+        self.assertEqual(upper._mla_children, 1)
+
+    def test_memory_is_bounded(self):
+        strategy = self.strategy()
+        strategy.probation.MAX_GHOSTS = 8
+        for first in range(50):
+            strategy.get_priority(self.leaf(4, first=first))
+        self.assertEqual(len(strategy.probation._ghosts), 8)
+
+    def test_ghost_hits_on_real_trees(self):
+        # Content evicted and inserted again is recognised on both trees' real nodes.
+        for kind in KINDS:
+            with self.subTest(kind=kind):
+                t = TreeHarness(kind, "mla_aware", POLICY_CONFIG)
+                t.insert(span(0, 64))
+                t.insert(span(500, 64))
+                self.assertEqual(len(t.eviction_order()), 2)
+                t.insert(span(0, 64))
+                t.eviction_order()
+                self.assertEqual(t.strategy.probation.returns, [0, 1])
+
+
 class TestPolicyConfig(CustomTestCase):
     @classmethod
     def setUpClass(cls):
@@ -322,6 +427,7 @@ class TestPolicyConfig(CustomTestCase):
         cfg = parse_policy_config(None)
         self.assertEqual(cfg["model"], "deepseek-v3")
         self.assertEqual(cfg["hit_exponent"], 1.0)
+        self.assertTrue(cfg["probation"])
         strategy = create_mla_aware_strategy()
         self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
 
@@ -343,6 +449,7 @@ class TestPolicyConfig(CustomTestCase):
         cases = {
             "hit_exponent": {"hit_exponent": "high"},
             "depth_aware": {"depth_aware": 1},
+            "probation": {"probation": "on"},
             "tp_size": {"tp_size": 0},
             "page_size": {"page_size": True},
             "gpu_tflops": {"gpu_tflops": -1.0},
