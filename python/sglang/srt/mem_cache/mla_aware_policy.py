@@ -107,7 +107,7 @@ class MLAAwareStrategy(EvictionStrategy):
         value = self._value(node, is_backed)
         age = now() - node.last_access_time
         if self.probation is not None:
-            age *= self.probation.factor_for(node)
+            age *= self.probation.factor_for(node, now())
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
@@ -163,10 +163,12 @@ class AdaptiveProbation:
     A match with a different ``creation_time`` is evicted content that came back (a
     split keeps ``creation_time``, so the upper half of a split is no match). A returning
     probationary victim means probation was too harsh: ``log_factor`` falls by ``STEP``;
-    a returning proven victim means it was too lenient: it rises by ``STEP``. Memory is
-    bounded by ``MAX_GHOSTS`` signatures (oldest forgotten first). Nothing here reads a
-    clock, so the legacy tree's wall-clock stamps and the unified tree's ticks behave
-    alike.
+    a returning proven victim means it was too lenient: it rises by ``STEP``. The steps of
+    ghost hits seen at one reading of the tree's clock are applied together, as their
+    net step, once the clock moves: a tree scores all its evictable leaves at one
+    reading, in the order of a set of nodes (by address), and a net step does not depend
+    on that order. Memory is bounded by ``MAX_GHOSTS`` signatures (oldest forgotten
+    first).
     """
 
     STEP = 0.1
@@ -177,53 +179,72 @@ class AdaptiveProbation:
         self.log_factor = 0.0
         self.factor = 1.0
         self.returns = [0, 0]  # victims that came back: (proven, probationary)
+        self._pending = 0  # probationary minus proven returns not yet applied
+        self._now = None
         self._ghosts: OrderedDict = OrderedDict()  # signature -> (creation_time, probationary)
 
-    def factor_for(self, node: Any) -> float:
-        """``factor`` if ``node`` is probationary, else 1; records what it learns."""
-        state = node.__dict__.get("_mla_probation")
-        if state is None or state[0] is not self:
-            state = self._first_score(node)
-        elif state[1] is not node.parent:  # a split put a new parent above the node
-            state = self._rehome(node, state)
-        probationary = not state[3] and node.__dict__.get("_mla_children", 0) < 2
-        if probationary != state[4]:
-            state[4] = probationary
-            self._remember(state[2], node.creation_time, probationary)
-        return self.factor if probationary else 1.0
+    def factor_for(self, node: Any, now: float) -> float:
+        """``factor`` if ``node`` is probationary, else 1; records what it learns.
 
-    def _first_score(self, node: Any) -> list:
+        ``now`` is the tree's clock, read only to group scores into batches: ghost hits
+        seen at one reading are applied together, as their net step, when it changes.
+        """
+        if now != self._now:
+            self._now = now
+            if self._pending:
+                self._apply()
+        seen = node.__dict__.get("_mla_probation")
+        if seen is None or seen.owner is not self or seen.parent is not node.parent:
+            seen = self._see(node, seen)
+        return self.factor if seen.probationary else 1.0
+
+    def _see(self, node: Any, seen: Optional["_Seen"]) -> "_Seen":
+        """First score of ``node``, or first since a split put a new parent above it."""
         signature = ghost_signature(node)
-        victim = self._ghosts.pop(signature, None)
-        returned = victim is not None and victim[0] != node.creation_time
-        if returned:
-            self._learn(victim[1])
-        _count_child(node.parent)
-        # [owner, parent, signature, came back, probationary as last remembered]
-        state = node._mla_probation = [self, node.parent, signature, returned, None]
-        return state
+        if seen is None or seen.owner is not self:
+            victim = self._ghosts.pop(signature, None)
+            came_back = victim is not None and victim[0] != node.creation_time
+            if came_back:
+                self.returns[victim[1]] += 1
+                self._pending += 1 if victim[1] else -1
+            seen = node._mla_probation = _Seen(self)
+            seen.probationary = not came_back and node.__dict__.get("_mla_children", 0) < 2
+        else:  # split: same content and children, new start and parent
+            self._ghosts.pop(seen.signature, None)
+        seen.parent, seen.signature = node.parent, signature
+        self._remember(signature, node.creation_time, seen.probationary)
+        self._count_child(node.parent)
+        return seen
 
-    def _rehome(self, node: Any, state: list) -> list:
-        self._ghosts.pop(state[2], None)
-        _count_child(node.parent)
-        state[1], state[2], state[4] = node.parent, ghost_signature(node), None
-        return state
+    def _count_child(self, parent: Any) -> None:
+        """One more child scored under ``parent``; the second one proves it."""
+        if parent is None:
+            return
+        children = parent._mla_children = parent.__dict__.get("_mla_children", 0) + 1
+        seen = parent.__dict__.get("_mla_probation")
+        if children == 2 and seen is not None and seen.owner is self and seen.probationary:
+            seen.probationary = False
+            self._remember(seen.signature, parent.creation_time, False)
 
     def _remember(self, signature: tuple, creation_time: float, probationary: bool) -> None:
         self._ghosts[signature] = (creation_time, probationary)
         if len(self._ghosts) > self.MAX_GHOSTS:
             self._ghosts.popitem(last=False)
 
-    def _learn(self, victim_probationary: bool) -> None:
-        self.returns[victim_probationary] += 1
-        step = -self.STEP if victim_probationary else self.STEP
+    def _apply(self) -> None:
+        step = -self.STEP * self._pending
+        self._pending = 0
         self.log_factor = min(max(self.log_factor + step, 0.0), math.log(self.MAX_FACTOR))
         self.factor = math.exp(self.log_factor)
 
 
-def _count_child(parent: Any) -> None:
-    if parent is not None:
-        parent._mla_children = parent.__dict__.get("_mla_children", 0) + 1
+class _Seen:
+    """What an :class:`AdaptiveProbation` knows of a node it has scored."""
+
+    __slots__ = ("owner", "parent", "signature", "probationary")
+
+    def __init__(self, owner: AdaptiveProbation):
+        self.owner = owner
 
 
 def ghost_signature(node: Any) -> tuple:

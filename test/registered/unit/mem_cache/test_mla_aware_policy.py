@@ -329,18 +329,17 @@ class TestAdaptiveProbation(CustomTestCase):
     def strategy(self, **kwargs):
         return MLAAwareStrategy(KVCostModel.from_preset("deepseek-v3"), **kwargs)
 
-    def evict_and_return(self, strategy, victim):
-        """Score ``victim``, then a node with its signature but a new creation time."""
-        strategy.get_priority(victim)
-        back = self.node(victim.parent, len(victim.key), victim.key[0], hit_count=0,
-                         last_access_time=self.now, backuped=False)
-        strategy.get_priority(back)
-        return back
+    def comeback(self, victim):
+        """A node with ``victim``'s signature but a new creation time: it came back."""
+        return self.node(victim.parent, len(victim.key), victim.key[0])
 
-    def prove(self, strategy, node):
-        """Score two different children under ``node``: it becomes a shared prefix."""
-        for first in (1, 2):
-            strategy.get_priority(self.leaf(8, parent=node, first=first))
+    def proven_prefix(self, probation, first, now=0.0):
+        """A node with two different children scored under it (a shared prefix)."""
+        prefix = self.leaf(64, first=first)
+        probation.factor_for(prefix, now)
+        for child in (1, 2):
+            probation.factor_for(self.leaf(8, parent=prefix, first=child), now)
+        return prefix
 
     def test_starts_as_cost_weighted_lru(self):
         leaf = self.leaf(64, age=10.0, hits=2)
@@ -350,60 +349,84 @@ class TestAdaptiveProbation(CustomTestCase):
         # Ages differ by the clock's drift between the two calls only.
         self.assertAlmostEqual(on.get_priority(leaf)[0] / off.get_priority(leaf)[0], 1.0, places=3)
 
-    def test_proven_victim_coming_back_raises_the_factor(self):
-        strategy = self.strategy()
-        prefix = self.leaf(64, first=5)
-        self.prove(strategy, prefix)
-        back = self.evict_and_return(strategy, prefix)
-        probation = strategy.probation
-        self.assertEqual(probation.returns, [1, 0])
-        self.assertAlmostEqual(probation.factor, math.exp(AdaptiveProbation.STEP))
-        self.assertEqual(probation.factor_for(back), 1.0)  # came back: proven
+    def test_proven_victim_coming_back_raises_the_factor_at_the_next_reading(self):
+        probation = AdaptiveProbation()
+        prefix = self.proven_prefix(probation, first=5)
         tail = self.leaf(64, first=9)
-        self.assertEqual(probation.factor_for(tail), probation.factor)
-        # A probationary node ages `factor` times faster than the same node proven.
-        off = self.strategy(probation=False)
-        self.assertAlmostEqual(strategy.get_priority(tail)[0] / off.get_priority(tail)[0],
-                               probation.factor, places=3)
+        self.assertEqual(probation.factor_for(tail, 0.0), 1.0)
+        back = self.comeback(prefix)
+        self.assertEqual(probation.factor_for(back, 1.0), 1.0)  # came back: proven
+        self.assertEqual(probation.returns, [1, 0])
+        self.assertEqual(probation.factor_for(tail, 1.0), 1.0)  # same reading: not yet
+        self.assertAlmostEqual(probation.factor_for(tail, 2.0), math.exp(AdaptiveProbation.STEP))
 
-    def test_probationary_victim_coming_back_lowers_the_factor(self):
+    def test_probationary_node_ages_factor_times_faster(self):
         strategy = self.strategy()
-        prefix = self.leaf(64, first=5)
-        self.prove(strategy, prefix)
-        self.evict_and_return(strategy, prefix)
-        self.evict_and_return(strategy, self.leaf(64, first=9))
-        self.assertEqual(strategy.probation.returns, [1, 1])
-        self.assertAlmostEqual(strategy.probation.log_factor, 0.0)
-        self.evict_and_return(strategy, self.leaf(64, first=11))
-        self.assertEqual(strategy.probation.log_factor, 0.0)  # never below plain LRU
+        for first in range(5):
+            prefix = self.proven_prefix(strategy.probation, first=100 + first)
+            strategy.probation.factor_for(self.comeback(prefix), 1.0)
+        tail = self.leaf(64, first=9)
+        off = self.strategy(probation=False)
+        ratio = strategy.get_priority(tail)[0] / off.get_priority(tail)[0]
+        self.assertAlmostEqual(ratio, math.exp(5 * AdaptiveProbation.STEP), places=3)
+
+    def test_probationary_victim_coming_back_lowers_the_factor_never_below_one(self):
+        probation = AdaptiveProbation()
+        prefix = self.proven_prefix(probation, first=5)
+        probation.factor_for(self.comeback(prefix), 1.0)
+        tail = self.leaf(64, first=9)
+        probation.factor_for(tail, 1.0)
+        probation.factor_for(self.comeback(tail), 2.0)
+        self.assertEqual(probation.returns, [1, 1])
+        other = self.leaf(64, first=11)
+        probation.factor_for(other, 3.0)
+        self.assertAlmostEqual(probation.log_factor, 0.0)
+        probation.factor_for(self.comeback(other), 4.0)
+        probation.factor_for(other, 5.0)
+        self.assertEqual(probation.log_factor, 0.0)
+
+    def test_a_batch_applies_its_net_step_whatever_the_order(self):
+        # Three proven and two probationary victims come back at one clock reading.
+        factors = []
+        for order in (range(5), reversed(range(5))):
+            probation = AdaptiveProbation()
+            victims = [self.proven_prefix(probation, first=50 + i) for i in range(3)]
+            victims += [self.leaf(64, first=60 + i) for i in range(2)]
+            for v in victims[3:]:
+                probation.factor_for(v, 0.0)
+            for i in order:
+                probation.factor_for(self.comeback(victims[i]), 1.0)
+            probation.factor_for(victims[0], 2.0)
+            factors.append(probation.log_factor)
+        self.assertAlmostEqual(factors[0], AdaptiveProbation.STEP)
+        self.assertEqual(factors[0], factors[1])
 
     def test_factor_is_bounded(self):
-        strategy = self.strategy()
+        probation = AdaptiveProbation()
         for first in range(100):
-            prefix = self.leaf(64, first=1000 + first)
-            self.prove(strategy, prefix)
-            self.evict_and_return(strategy, prefix)
-        self.assertAlmostEqual(strategy.probation.factor, AdaptiveProbation.MAX_FACTOR)
+            prefix = self.proven_prefix(probation, first=1000 + first, now=2.0 * first)
+            probation.factor_for(self.comeback(prefix), 2.0 * first + 1)
+        probation.factor_for(prefix, 1e9)
+        self.assertAlmostEqual(probation.factor, AdaptiveProbation.MAX_FACTOR)
 
     def test_split_and_rescoring_are_not_ghost_hits(self):
-        strategy = self.strategy()
+        probation = AdaptiveProbation()
         node = self.leaf(64, first=5)
-        strategy.get_priority(node)
-        strategy.get_priority(node)
-        upper = self.node(node.parent, 16, 5, hit_count=0, last_access_time=self.now,
-                          backuped=False, creation_time=node.creation_time)
+        probation.factor_for(node, 0.0)
+        probation.factor_for(node, 1.0)
+        upper = self.node(node.parent, 16, 5, creation_time=node.creation_time)
         node.parent, node.key = upper, node.key[16:]  # what a split does
-        strategy.get_priority(upper)
-        strategy.get_priority(node)
-        self.assertEqual(strategy.probation.returns, [0, 0])
+        probation.factor_for(upper, 2.0)
+        probation.factor_for(node, 2.0)
+        self.assertEqual(probation.returns, [0, 0])
         self.assertEqual(upper._mla_children, 1)
 
     def test_memory_is_bounded(self):
-        strategy = self.strategy()
-        strategy.probation.MAX_GHOSTS = 8
+        probation = AdaptiveProbation()
+        probation.MAX_GHOSTS = 8
         for first in range(50):
-            strategy.get_priority(self.leaf(4, first=first))
-        self.assertEqual(len(strategy.probation._ghosts), 8)
+            probation.factor_for(self.leaf(4, first=first), 0.0)
+        self.assertEqual(len(probation._ghosts), 8)
 
     def test_ghost_hits_on_real_trees(self):
         # Content evicted and inserted again is recognised on both trees' real nodes.
