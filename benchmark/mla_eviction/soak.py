@@ -14,9 +14,11 @@ one continuous stream on ONE cache. Every ``--sample-every`` requests it records
 * ``tree_nodes``: nodes reachable from the root;
 * ``memo_nodes``: tree nodes carrying the policy's ``_mla_prefix_end`` memo, and
   ``stray_memos``: live node objects (found by the garbage collector) that carry one
-  but are no longer in the tree. The strategy keeps no per-node table, so its only
-  state is those memos: ``memo_nodes <= tree_nodes`` and ``stray_memos == 0`` mean
-  it grows with nothing but the tree, which the pool bounds.
+  but are no longer in the tree. Per node, the strategy keeps only such memos:
+  ``memo_nodes <= tree_nodes`` and ``stray_memos == 0`` mean they grow with nothing
+  but the tree, which the pool bounds;
+* ``ghosts``: signatures in the policy's probation table, which must stay within
+  ``AdaptiveProbation.MAX_GHOSTS``, and ``log_factor``, the probation it has learnt.
 
 Exit status 1 when a sample breaks that, 0 otherwise.
 """
@@ -56,6 +58,8 @@ def sample(replayer, served: int, t0: float) -> dict:
         if type(o) is node_type and hasattr(o, "_mla_prefix_end") and id(o) not in in_tree
     )
     r = replayer.result
+    owner = getattr(replayer.cache, "tree_core", replayer.cache)
+    probation = getattr(owner.eviction_strategy, "probation", None)
     return {
         "requests": served,
         "elapsed_s": round(time.perf_counter() - t0, 2),
@@ -70,6 +74,8 @@ def sample(replayer, served: int, t0: float) -> dict:
         "free_pages": replayer.allocator.available_size(),
         "token_hit_rate": round(r.hit_tokens / max(r.prompt_tokens, 1), 4),
         "evictions": r.evictions,
+        "ghosts": len(probation._ghosts) if probation else 0,
+        "log_factor": round(probation.log_factor, 3) if probation else None,
     }
 
 
@@ -149,11 +155,15 @@ def run_soak(*, requests: int, cache: str = "unified", workload: str = "chat",
 
 
 def check(samples: list[dict]) -> list[str]:
-    """Samples where the policy's state exceeds the tree's."""
+    """Samples where the policy's state exceeds the tree's or its bounded table."""
+    from sglang.srt.mem_cache.mla_aware_policy import AdaptiveProbation
+
     return [
         f"after {s['requests']} requests: {s['memo_nodes']} memos on {s['tree_nodes']} "
-        f"tree nodes, {s['stray_memos']} stray"
-        for s in samples if s["memo_nodes"] > s["tree_nodes"] or s["stray_memos"]
+        f"tree nodes, {s['stray_memos']} stray, {s['ghosts']} ghost signatures"
+        for s in samples
+        if s["memo_nodes"] > s["tree_nodes"] or s["stray_memos"]
+        or s["ghosts"] > AdaptiveProbation.MAX_GHOSTS
     ]
 
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 import unittest
 from array import array
+from unittest import mock
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToK
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.mla_aware_policy import (
+    AdaptiveProbation,
     MLAAwareStrategy,
     PolicyConfigError,
     create_mla_aware_strategy,
@@ -427,13 +429,16 @@ class TestSoakHasNoGrowth(CustomTestCase):
         sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction"))
         import soak
 
-        # A small pool keeps eviction (which scores every evictable leaf) cheap.
-        samples = soak.run_soak(requests=20_000, cache="unified", workload="chat",
-                                capacity_tokens=64 * 512, chunk=5_000, sample_every=2_000,
-                                seed=SEED % 1000, progress=False, trace_memory=False)
+        # A small pool keeps eviction (which scores every evictable leaf) cheap; a small
+        # probation table shows it filled and held at its bound.
+        with mock.patch.object(AdaptiveProbation, "MAX_GHOSTS", 512):
+            samples = soak.run_soak(requests=20_000, cache="unified", workload="chat",
+                                    capacity_tokens=64 * 512, chunk=5_000, sample_every=2_000,
+                                    seed=SEED % 1000, progress=False, trace_memory=False)
+            self.assertEqual(soak.check(samples), [])
         print(f"[mla soak] {samples[-1]}", file=sys.stderr)
         self.assertEqual(samples[-1]["requests"], 20_000)
-        self.assertEqual(soak.check(samples), [])
+        self.assertEqual(max(s["ghosts"] for s in samples), 512)
         for s in samples:
             # Only nodes the policy has scored (or their ancestors) carry a memo.
             self.assertLessEqual(s["memo_nodes"], s["tree_nodes"], s)
