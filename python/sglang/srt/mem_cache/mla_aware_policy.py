@@ -103,11 +103,12 @@ class MLAAwareStrategy(EvictionStrategy):
         )
 
     def get_priority(self, node: Any) -> tuple[float, float]:
-        now, is_backed = self._node_type_readers(node)
+        clock, is_backed = self._node_type_readers(node)
         value = self._value(node, is_backed)
-        age = now() - node.last_access_time
+        now = clock()
+        age = now - node.last_access_time
         if self.probation is not None:
-            age *= self.probation.factor_for(node, now())
+            age *= self.probation.factor_for(node, now)
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
