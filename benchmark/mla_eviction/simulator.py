@@ -269,17 +269,22 @@ class Replayer:
         )
         if self.cfg.cache == "radix":
             cache = RadixCache(params)
-            strategy_owner = cache
         else:
             from sglang.srt.mem_cache.unified_cache.components import ComponentType
             from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
             params.tree_components = (ComponentType.FULL,)
             cache = UnifiedRadixCache(params)
-            strategy_owner = cache.tree_core
         if self.cfg.policy == OPTIMAL:
-            strategy_owner.eviction_strategy = BeladyStrategy(self.future, self.pages_per_block)
+            _strategy_owner(cache).eviction_strategy = BeladyStrategy(
+                self.future, self.pages_per_block
+            )
         return cache, allocator
+
+    @property
+    def strategy(self):
+        """The eviction strategy the cache scores leaves with."""
+        return _strategy_owner(self.cache).eviction_strategy
 
     # ---- keys ---------------------------------------------------------------
 
@@ -514,6 +519,11 @@ class Replayer:
 
 
 _REJECTED = object()
+
+
+def _strategy_owner(cache):
+    """What holds ``eviction_strategy``: the legacy tree itself, the unified tree's core."""
+    return cache if isinstance(cache, RadixCache) else cache.tree_core
 
 
 def known_policies() -> list[str]:

@@ -58,8 +58,7 @@ def sample(replayer, served: int, t0: float) -> dict:
         if type(o) is node_type and hasattr(o, "_mla_prefix_end") and id(o) not in in_tree
     )
     r = replayer.result
-    owner = getattr(replayer.cache, "tree_core", replayer.cache)
-    probation = getattr(owner.eviction_strategy, "probation", None)
+    probation = getattr(replayer.strategy, "probation", None)
     return {
         "requests": served,
         "elapsed_s": round(time.perf_counter() - t0, 2),
