@@ -245,8 +245,8 @@ class TestEvictionOrder(CustomTestCase):
         self.assertEqual(prefix_end(nodes[7000]), 50)
 
 
-class TestStrategyWithMockNodes(CustomTestCase):
-    """The scoring rules in isolation, as upstream's test_evict_policy.py does."""
+class MockNodes:
+    """Tree nodes as plain namespaces, with what the strategy reads."""
 
     def setUp(self):
         self.created = itertools.count()
@@ -265,6 +265,10 @@ class TestStrategyWithMockNodes(CustomTestCase):
 
     def strategy(self, **kwargs):
         return MLAAwareStrategy(KVCostModel.from_preset("deepseek-v3"), **kwargs)
+
+
+class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
+    """The scoring rules in isolation, as upstream's test_evict_policy.py does."""
 
     def test_depth_and_host_switches(self):
         on = self.strategy()
@@ -320,14 +324,12 @@ class TestStrategyWithMockNodes(CustomTestCase):
         self.assertAlmostEqual(strategy.restore_seconds_per_byte(one) / expected, 1.0)
 
 
-class TestAdaptiveProbation(CustomTestCase):
+class TestAdaptiveProbation(MockNodes, CustomTestCase):
     """Which nodes are probationary, and how ghost hits move the factor."""
 
-    setUp, node, leaf = (TestStrategyWithMockNodes.setUp, TestStrategyWithMockNodes.node,
-                         TestStrategyWithMockNodes.leaf)
-
-    def strategy(self, **kwargs):
-        return MLAAwareStrategy(KVCostModel.from_preset("deepseek-v3"), **kwargs)
+    @classmethod
+    def setUpClass(cls):
+        register()  # the real-tree test builds caches by policy name
 
     def comeback(self, victim):
         """A node with ``victim``'s signature but a new creation time: it came back."""
