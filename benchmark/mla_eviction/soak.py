@@ -17,8 +17,9 @@ one continuous stream on ONE cache. Every ``--sample-every`` requests it records
   but are no longer in the tree. Per node, the strategy keeps only such memos:
   ``memo_nodes <= tree_nodes`` and ``stray_memos == 0`` mean they grow with nothing
   but the tree, which the pool bounds;
-* ``ghosts``: signatures in the policy's probation table, which must stay within
-  ``AdaptiveProbation.MAX_GHOSTS``, and ``log_factor``, the probation it has learnt.
+* ``ghosts``: records in the policy's table of scored nodes (what it recognises when it
+  comes back), which must stay within ``GhostLearning.MAX_GHOSTS``; ``log_factor`` and
+  ``weight``, the probation and value weight it has learnt.
 
 Exit status 1 when a sample breaks that, 0 otherwise.
 """
@@ -58,7 +59,7 @@ def sample(replayer, served: int, t0: float) -> dict:
         if type(o) is node_type and hasattr(o, "_mla_prefix_end") and id(o) not in in_tree
     )
     r = replayer.result
-    probation = getattr(replayer.strategy, "probation", None)
+    learning = getattr(replayer.strategy, "learning", None)
     return {
         "requests": served,
         "elapsed_s": round(time.perf_counter() - t0, 2),
@@ -73,8 +74,9 @@ def sample(replayer, served: int, t0: float) -> dict:
         "free_pages": replayer.allocator.available_size(),
         "token_hit_rate": round(r.hit_tokens / max(r.prompt_tokens, 1), 4),
         "evictions": r.evictions,
-        "ghosts": len(probation._ghosts) if probation else 0,
-        "log_factor": round(probation.log_factor, 3) if probation else None,
+        "ghosts": len(learning._ghosts) if learning else 0,
+        "log_factor": round(learning.log_factor, 3) if learning else None,
+        "weight": round(learning.weight, 3) if learning else None,
     }
 
 
@@ -155,14 +157,14 @@ def run_soak(*, requests: int, cache: str = "unified", workload: str = "chat",
 
 def check(samples: list[dict]) -> list[str]:
     """Samples where the policy's state exceeds the tree's or its bounded table."""
-    from sglang.srt.mem_cache.mla_aware_policy import AdaptiveProbation
+    from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
 
     return [
         f"after {s['requests']} requests: {s['memo_nodes']} memos on {s['tree_nodes']} "
         f"tree nodes, {s['stray_memos']} stray, {s['ghosts']} ghost signatures"
         for s in samples
         if s["memo_nodes"] > s["tree_nodes"] or s["stray_memos"]
-        or s["ghosts"] > AdaptiveProbation.MAX_GHOSTS
+        or s["ghosts"] > GhostLearning.MAX_GHOSTS
     ]
 
 

@@ -1,10 +1,10 @@
 """The ``mla_aware`` radix eviction policy: evict what is cheapest to lose.
 
-A node's priority (lowest is evicted first) is the expected restore work its bytes
-would save::
+A node's priority (lowest is evicted first) is its idle time over the restore work its
+bytes would save::
 
     value(node)    = restore_seconds(node) / bytes(node) * reuse(node)
-    priority(node) = (-age(node) * factor(node) / value(node), last_access_time)
+    priority(node) = (-age(node) * factor(node) / value(node) ** weight, last_access_time)
 
 ``restore_seconds`` comes from :class:`KVCostModel`: recompute positions
 ``[start, end)`` of the node (prefill work grows with depth), or reload them from host
@@ -15,12 +15,14 @@ twice as long. Ages are ratios of one clock, so the order does not depend on whe
 the tree counts time in seconds (``RadixCache``) or in logical ticks
 (``UnifiedRadixCache``).
 
-``factor`` is 1 for a *proven* node and ``B >= 1`` for a *probationary* one
-(:class:`AdaptiveProbation`): a node is proven once two different children have hung
-under it (a shared prefix) or once it came back after being evicted. ``B`` is learnt
-online from which kind of victim comes back, as ARC sizes its recency and frequency
-lists: a probationary victim returning lowers it (toward cost-weighted LRU), a proven
-one raises it (toward SLRU's strict protection).
+``factor`` and ``weight`` are learnt online from victims that come back
+(:class:`GhostLearning`). ``factor`` is 1 for a *proven* node (two different children
+have hung under it, or it came back after being evicted) and ``B >= 1`` for a
+*probationary* one; as ARC sizes its recency and frequency lists, a probationary victim
+returning lowers ``B`` (toward cost-weighted LRU), a proven one raises it (toward SLRU's
+strict protection). ``weight`` says how much value counts against recency: a victim that
+was among the oldest leaves when it went raises it (LRU would have lost it too), a young
+one lowers it (value evicted it early). Both start at 1.
 
 The strategy only scores; the cache decides how much to free, so the number of tokens
 evicted for an allocation is exactly what it is under LRU.
@@ -61,6 +63,7 @@ _TUNABLE_KEYS = {
     "depth_aware": (bool, True),
     "host_aware": (bool, True),
     "probation": (bool, True),
+    "value_weight": (bool, True),
 }
 
 
@@ -79,6 +82,7 @@ class MLAAwareStrategy(EvictionStrategy):
         depth_aware: bool = True,
         host_aware: bool = True,
         probation: bool = True,
+        value_weight: bool = True,
         key_unit_tokens: int = 1,
     ):
         self.cost_model = cost_model
@@ -86,7 +90,11 @@ class MLAAwareStrategy(EvictionStrategy):
         self.hit_exponent = float(hit_exponent)
         self.depth_aware = depth_aware
         self.host_aware = host_aware
-        self.probation = AdaptiveProbation() if probation else None
+        self.learning = (
+            GhostLearning(probation=probation, value_weight=value_weight)
+            if probation or value_weight
+            else None
+        )
         self._readers: dict[type, tuple] = {}
 
     @classmethod
@@ -107,8 +115,11 @@ class MLAAwareStrategy(EvictionStrategy):
         value = self._value(node, is_backed)
         now = clock()
         age = now - node.last_access_time
-        if self.probation is not None:
-            age *= self.probation.factor_for(node, now)
+        learning = self.learning
+        if learning is not None:
+            if learning.see(node, now, age).probationary:
+                age *= learning.factor
+            value **= learning.weight
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
@@ -150,102 +161,154 @@ class MLAAwareStrategy(EvictionStrategy):
         return readers
 
 
-class AdaptiveProbation:
-    """How much faster probationary nodes age than proven ones, learnt from ghost hits.
+class GhostLearning:
+    """What victims that come back teach: the probation factor and the value weight.
 
-    A node is *proven* once two different children have been scored under it (a prefix
-    that several continuations share) or once it came back after being evicted (seen
-    twice, as ARC's frequency list); otherwise it is *probationary* and its age counts
-    ``factor`` times. ``factor = exp(log_factor)`` starts at 1 (plain cost-weighted LRU)
-    and stays within ``[1, MAX_FACTOR]``.
+    Every node the strategy scores gets a :class:`_Seen` record: its ghost signature,
+    whether it is *proven* (two different children have been scored under it, or it came
+    back after being evicted) or *probationary*, and its age at its last score with the
+    heap build of that score. Records stay in a table by signature after their node is
+    gone (``MAX_GHOSTS`` of them, oldest first sight forgotten first). A node scored for
+    the first time whose signature matches a record with a different ``creation_time``
+    is a victim that came back, a miss the policy caused (a split keeps
+    ``creation_time``, so the upper half of a split is no match). Each one teaches two
+    things:
 
-    Ghost hits: the first time a node is scored, its signature (start position, leading
-    key elements, parent's ``creation_time``) is looked up among the nodes scored before.
-    A match with a different ``creation_time`` is evicted content that came back (a
-    split keeps ``creation_time``, so the upper half of a split is no match). A returning
-    probationary victim means probation was too harsh: ``log_factor`` falls by ``STEP``;
-    a returning proven victim means it was too lenient: it rises by ``STEP``. The steps of
-    ghost hits seen at one reading of the tree's clock are applied together, as their
-    net step, once the clock moves: a tree scores all its evictable leaves at one
-    reading, in the order of a set of nodes (by address), and a net step does not depend
-    on that order. Memory is bounded by ``MAX_GHOSTS`` signatures (oldest forgotten
-    first).
+    - **Probation factor** (ARC's balance of recency and frequency): a probationary
+      victim coming back means probation was too harsh, ``log_factor`` falls by ``STEP``;
+      a proven one means it was too lenient, it rises by ``STEP``.
+      ``factor = exp(log_factor)`` stays within ``[1, MAX_FACTOR]``.
+    - **Value weight**: a victim that was *old* when last scored (at least ``OLD`` of the
+      oldest age in its heap build) would have gone under LRU too, so the value should
+      count for more: ``weight`` rises by ``WEIGHT_STEP * (1 - RHO)``; a young one was
+      evicted for its low value, so it falls by ``WEIGHT_STEP * RHO``. ``weight`` stays
+      within ``WEIGHT_BOUNDS`` and settles where a share ``RHO`` of returning victims
+      are old.
+
+    Heap builds: a tree scores each evictable leaf once per build (``RadixCache.evict``,
+    the unified tree's ``evict_device_start``), so a node scored twice in the current
+    build starts a new one, whatever the clock. Steps seen at one reading of the tree's
+    clock are applied together, as their net step, when the clock moves: a tree scores
+    its leaves at one reading in the order of a set (by address), and a net step does not
+    depend on that order, so replays on a tick clock are reproducible. Both start neutral
+    (factor 1, weight 1: cost-weighted LRU); a part switched off stays neutral.
     """
 
     STEP = 0.1
     MAX_FACTOR = 1000.0
+    WEIGHT_STEP = 0.02
+    RHO = 0.2
+    WEIGHT_BOUNDS = (0.25, 3.0)
+    OLD = 0.5
     MAX_GHOSTS = 1 << 16
+    MAX_BUILDS = 1 << 12
 
-    def __init__(self):
+    def __init__(self, *, probation: bool = True, value_weight: bool = True):
+        self.learns = (probation, value_weight)
         self.log_factor = 0.0
         self.factor = 1.0
+        self.weight = 1.0
         self.returns = [0, 0]  # victims that came back: (proven, probationary)
-        self._pending = 0  # probationary minus proven returns not yet applied
+        self.returns_by_age = [0, 0]  # the same victims: (young, old) when last scored
+        self._pending = [0, 0.0]  # net (log_factor, weight) steps not yet applied
         self._now = None
-        self._ghosts: OrderedDict = OrderedDict()  # signature -> (creation_time, probationary)
+        self._build = 0
+        self._oldest: OrderedDict = OrderedDict({0: 0.0})  # build -> oldest age scored
+        self._ghosts: OrderedDict = OrderedDict()  # signature -> _Seen
 
-    def factor_for(self, node: Any, now: float) -> float:
-        """``factor`` if ``node`` is probationary, else 1; records what it learns.
+    def see(self, node: Any, now: float, age: float) -> "_Seen":
+        """Record a score of ``node`` at clock ``now`` and ``age``; its record.
 
-        ``now`` is the tree's clock, read only to group scores into batches: ghost hits
-        seen at one reading are applied together, as their net step, when it changes.
+        ``factor`` applies to the node if ``record.probationary``; ``weight`` to every
+        node. Both are read after this call.
         """
         if now != self._now:
             self._now = now
-            if self._pending:
+            if self._pending != [0, 0.0]:
                 self._apply()
-        seen = node.__dict__.get("_mla_probation")
-        if seen is None or seen.owner is not self or seen.parent is not node.parent:
-            seen = self._see(node, seen)
-        return self.factor if seen.probationary else 1.0
-
-    def _see(self, node: Any, seen: Optional["_Seen"]) -> "_Seen":
-        """First score of ``node``, or first since a split put a new parent above it."""
-        signature = ghost_signature(node)
+        seen = node.__dict__.get("_mla_seen")
         if seen is None or seen.owner is not self:
-            victim = self._ghosts.pop(signature, None)
-            came_back = victim is not None and victim[0] != node.creation_time
-            if came_back:
-                self.returns[victim[1]] += 1
-                self._pending += 1 if victim[1] else -1
-            seen = node._mla_probation = _Seen(self)
-            seen.probationary = not came_back and node.__dict__.get("_mla_children", 0) < 2
-        else:  # split: same content and children, new start and parent
+            seen = self._first_sight(node)
+        elif seen.parent_id != id(node.parent):  # split: same content, new start and parent
             self._ghosts.pop(seen.signature, None)
-        seen.parent, seen.signature = node.parent, signature
-        self._remember(signature, node.creation_time, seen.probationary)
+            seen.parent_id, seen.signature = id(node.parent), ghost_signature(node)
+            self._remember(seen)
+            self._count_child(node.parent)
+        elif seen.build == self._build:
+            self._new_build()
+        seen.build, seen.age = self._build, age
+        if age > self._oldest[self._build]:
+            self._oldest[self._build] = age
+        return seen
+
+    def _first_sight(self, node: Any) -> "_Seen":
+        signature = ghost_signature(node)
+        victim = self._ghosts.pop(signature, None)
+        came_back = victim is not None and victim.creation_time != node.creation_time
+        if came_back:
+            self._learn(victim)
+        seen = node._mla_seen = _Seen(self, node, signature)
+        seen.probationary = not came_back and node.__dict__.get("_mla_children", 0) < 2
+        self._remember(seen)
         self._count_child(node.parent)
         return seen
+
+    def _learn(self, victim: "_Seen") -> None:
+        """``victim`` came back: one step for each part switched on."""
+        self.returns[victim.probationary] += 1
+        if self.learns[0]:
+            self._pending[0] += 1 if victim.probationary else -1
+        oldest = self._oldest.get(victim.build)
+        if oldest:
+            old = 1 if victim.age >= self.OLD * oldest else 0
+            self.returns_by_age[old] += 1
+            if self.learns[1]:
+                self._pending[1] += self.WEIGHT_STEP * ((1 - self.RHO) if old else -self.RHO)
 
     def _count_child(self, parent: Any) -> None:
         """One more child scored under ``parent``; the second one proves it."""
         if parent is None:
             return
         children = parent._mla_children = parent.__dict__.get("_mla_children", 0) + 1
-        seen = parent.__dict__.get("_mla_probation")
-        if children == 2 and seen is not None and seen.owner is self and seen.probationary:
+        seen = parent.__dict__.get("_mla_seen")
+        if children == 2 and seen is not None and seen.owner is self:
             seen.probationary = False
-            self._remember(seen.signature, parent.creation_time, False)
 
-    def _remember(self, signature: tuple, creation_time: float, probationary: bool) -> None:
-        self._ghosts[signature] = (creation_time, probationary)
+    def _remember(self, seen: "_Seen") -> None:
+        self._ghosts[seen.signature] = seen
         if len(self._ghosts) > self.MAX_GHOSTS:
             self._ghosts.popitem(last=False)
 
+    def _new_build(self) -> None:
+        self._build += 1
+        self._oldest[self._build] = 0.0
+        if len(self._oldest) > self.MAX_BUILDS:
+            self._oldest.popitem(last=False)
+
     def _apply(self) -> None:
-        step = -self.STEP * self._pending
-        self._pending = 0
-        self.log_factor = min(max(self.log_factor + step, 0.0), math.log(self.MAX_FACTOR))
+        factor_steps, weight_step = self._pending
+        self._pending = [0, 0.0]
+        log_max = math.log(self.MAX_FACTOR)
+        self.log_factor = min(max(self.log_factor - self.STEP * factor_steps, 0.0), log_max)
         self.factor = math.exp(self.log_factor)
+        low, high = self.WEIGHT_BOUNDS
+        self.weight = min(max(self.weight + weight_step, low), high)
 
 
 class _Seen:
-    """What an :class:`AdaptiveProbation` knows of a node it has scored."""
+    """What a :class:`GhostLearning` knows of a node it has scored.
 
-    __slots__ = ("owner", "parent", "signature", "probationary")
+    It outlives the node in the table of ghosts, so it holds no node: the parent is kept
+    by ``id`` (the parent a node was scored under stays in the tree while the node does,
+    so a changed ``id`` always means a split).
+    """
 
-    def __init__(self, owner: AdaptiveProbation):
-        self.owner = owner
+    __slots__ = ("owner", "parent_id", "signature", "creation_time", "probationary", "age",
+                 "build")
+
+    def __init__(self, owner: GhostLearning, node: Any, signature: tuple):
+        self.owner, self.parent_id, self.signature = owner, id(node.parent), signature
+        self.creation_time = node.creation_time
 
 
 def ghost_signature(node: Any) -> tuple:

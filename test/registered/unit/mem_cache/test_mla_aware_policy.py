@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mla_aware_policy import (
-    AdaptiveProbation,
+    GhostLearning,
     MLAAwareStrategy,
     PolicyConfigError,
     create_mla_aware_strategy,
@@ -324,8 +324,8 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
         self.assertAlmostEqual(strategy.restore_seconds_per_byte(one) / expected, 1.0)
 
 
-class TestAdaptiveProbation(MockNodes, CustomTestCase):
-    """Which nodes are probationary, and how ghost hits move the factor."""
+class TestGhostLearning(MockNodes, CustomTestCase):
+    """Which nodes are probationary, and how returning victims move factor and weight."""
 
     @classmethod
     def setUpClass(cls):
@@ -335,103 +335,161 @@ class TestAdaptiveProbation(MockNodes, CustomTestCase):
         """A node with ``victim``'s signature but a new creation time: it came back."""
         return self.node(victim.parent, len(victim.key), victim.key[0])
 
-    def proven_prefix(self, probation, first, now=0.0):
+    def factor(self, learning, node, now, age=0.0):
+        """What ``node``'s age is multiplied by when scored at ``now``."""
+        return learning.factor if learning.see(node, now, age).probationary else 1.0
+
+    def proven_prefix(self, learning, first, now=0.0):
         """A node with two different children scored under it (a shared prefix)."""
         prefix = self.leaf(64, first=first)
-        probation.factor_for(prefix, now)
+        learning.see(prefix, now, 0.0)
         for child in (1, 2):
-            probation.factor_for(self.leaf(8, parent=prefix, first=child), now)
+            learning.see(self.leaf(8, parent=prefix, first=child), now, 0.0)
         return prefix
 
     def test_starts_as_cost_weighted_lru(self):
         leaf = self.leaf(64, age=10.0, hits=2)
-        on, off = self.strategy(), self.strategy(probation=False)
-        self.assertIsNone(off.probation)
-        self.assertEqual(on.probation.factor, 1.0)
+        on, off = self.strategy(), self.strategy(probation=False, value_weight=False)
+        self.assertIsNone(off.learning)
+        self.assertEqual((on.learning.factor, on.learning.weight), (1.0, 1.0))
         # Ages differ by the clock's drift between the two calls only.
         self.assertAlmostEqual(on.get_priority(leaf)[0] / off.get_priority(leaf)[0], 1.0, places=3)
 
     def test_proven_victim_coming_back_raises_the_factor_at_the_next_reading(self):
-        probation = AdaptiveProbation()
-        prefix = self.proven_prefix(probation, first=5)
+        learning = GhostLearning()
+        prefix = self.proven_prefix(learning, first=5)
         tail = self.leaf(64, first=9)
-        self.assertEqual(probation.factor_for(tail, 0.0), 1.0)
+        self.assertEqual(self.factor(learning, tail, 0.0), 1.0)
         back = self.comeback(prefix)
-        self.assertEqual(probation.factor_for(back, 1.0), 1.0)  # came back: proven
-        self.assertEqual(probation.returns, [1, 0])
-        self.assertEqual(probation.factor_for(tail, 1.0), 1.0)  # same reading: not yet
-        self.assertAlmostEqual(probation.factor_for(tail, 2.0), math.exp(AdaptiveProbation.STEP))
+        self.assertEqual(self.factor(learning, back, 1.0), 1.0)  # came back: proven
+        self.assertEqual(learning.returns, [1, 0])
+        self.assertEqual(self.factor(learning, tail, 1.0), 1.0)  # same reading: not yet
+        self.assertAlmostEqual(self.factor(learning, tail, 2.0), math.exp(GhostLearning.STEP))
 
     def test_probationary_node_ages_factor_times_faster(self):
-        strategy = self.strategy()
+        strategy = self.strategy(value_weight=False)
         for first in range(5):
-            prefix = self.proven_prefix(strategy.probation, first=100 + first)
-            strategy.probation.factor_for(self.comeback(prefix), 1.0)
+            prefix = self.proven_prefix(strategy.learning, first=100 + first)
+            strategy.learning.see(self.comeback(prefix), 1.0, 0.0)
         tail = self.leaf(64, first=9)
-        off = self.strategy(probation=False)
+        off = self.strategy(probation=False, value_weight=False)
         ratio = strategy.get_priority(tail)[0] / off.get_priority(tail)[0]
-        self.assertAlmostEqual(ratio, math.exp(5 * AdaptiveProbation.STEP), places=3)
+        self.assertAlmostEqual(ratio, math.exp(5 * GhostLearning.STEP), places=3)
 
     def test_probationary_victim_coming_back_lowers_the_factor_never_below_one(self):
-        probation = AdaptiveProbation()
-        prefix = self.proven_prefix(probation, first=5)
-        probation.factor_for(self.comeback(prefix), 1.0)
+        learning = GhostLearning()
+        prefix = self.proven_prefix(learning, first=5)
+        learning.see(self.comeback(prefix), 1.0, 0.0)
         tail = self.leaf(64, first=9)
-        probation.factor_for(tail, 1.0)
-        probation.factor_for(self.comeback(tail), 2.0)
-        self.assertEqual(probation.returns, [1, 1])
+        learning.see(tail, 1.0, 0.0)
+        learning.see(self.comeback(tail), 2.0, 0.0)
+        self.assertEqual(learning.returns, [1, 1])
         other = self.leaf(64, first=11)
-        probation.factor_for(other, 3.0)
-        self.assertAlmostEqual(probation.log_factor, 0.0)
-        probation.factor_for(self.comeback(other), 4.0)
-        probation.factor_for(other, 5.0)
-        self.assertEqual(probation.log_factor, 0.0)
+        learning.see(other, 3.0, 0.0)
+        self.assertAlmostEqual(learning.log_factor, 0.0)
+        learning.see(self.comeback(other), 4.0, 0.0)
+        learning.see(other, 5.0, 0.0)
+        self.assertEqual(learning.log_factor, 0.0)
 
     def test_a_batch_applies_its_net_step_whatever_the_order(self):
         # Three proven and two probationary victims come back at one clock reading.
-        factors = []
+        learnt = []
         for order in (range(5), reversed(range(5))):
-            probation = AdaptiveProbation()
-            victims = [self.proven_prefix(probation, first=50 + i) for i in range(3)]
+            learning = GhostLearning()
+            victims = [self.proven_prefix(learning, first=50 + i) for i in range(3)]
             victims += [self.leaf(64, first=60 + i) for i in range(2)]
-            for v in victims[3:]:
-                probation.factor_for(v, 0.0)
+            for age, v in enumerate(victims):
+                learning.see(v, 0.0, 10.0 * age)
             for i in order:
-                probation.factor_for(self.comeback(victims[i]), 1.0)
-            probation.factor_for(victims[0], 2.0)
-            factors.append(probation.log_factor)
-        self.assertAlmostEqual(factors[0], AdaptiveProbation.STEP)
-        self.assertEqual(factors[0], factors[1])
+                learning.see(self.comeback(victims[i]), 1.0, 0.0)
+            learning.see(victims[0], 2.0, 0.0)
+            learnt.append((learning.log_factor, learning.weight))
+        self.assertAlmostEqual(learnt[0][0], GhostLearning.STEP)
+        # Ages 0..40 in one build: 20, 30 and 40 were old (>= half of 40), 0 and 10 young.
+        w = GhostLearning.WEIGHT_STEP
+        self.assertAlmostEqual(learnt[0][1], 1 + w * (3 * (1 - GhostLearning.RHO) - 2 * GhostLearning.RHO))
+        self.assertEqual(learnt[0], learnt[1])
 
-    def test_factor_is_bounded(self):
-        probation = AdaptiveProbation()
-        for first in range(100):
-            prefix = self.proven_prefix(probation, first=1000 + first, now=2.0 * first)
-            probation.factor_for(self.comeback(prefix), 2.0 * first + 1)
-        probation.factor_for(prefix, 1e9)
-        self.assertAlmostEqual(probation.factor, AdaptiveProbation.MAX_FACTOR)
+    def test_old_victim_raises_the_weight_young_one_lowers_it(self):
+        learning = GhostLearning()
+        old, young = self.leaf(64, first=1), self.leaf(64, first=2)
+        learning.see(old, 0.0, 100.0)
+        learning.see(young, 0.0, 10.0)
+        learning.see(self.comeback(old), 1.0, 0.0)
+        bystander = self.leaf(4, first=77)
+        learning.see(bystander, 2.0, 0.0)  # the clock moved: applied
+        up = 1 + GhostLearning.WEIGHT_STEP * (1 - GhostLearning.RHO)
+        self.assertAlmostEqual(learning.weight, up)
+        learning.see(self.comeback(young), 3.0, 0.0)
+        learning.see(bystander, 4.0, 0.0)
+        self.assertAlmostEqual(learning.weight, up - GhostLearning.WEIGHT_STEP * GhostLearning.RHO)
+        self.assertEqual(learning.returns_by_age, [1, 1])
+
+    def test_victim_is_judged_against_its_own_heap_build(self):
+        # A wall clock: every score reads a new time. Scoring `keeper` again starts the
+        # second build, whose oldest age (1000) must not make the first build's victim young.
+        learning = GhostLearning()
+        keeper, victim = self.leaf(64, first=1), self.leaf(64, first=2)
+        learning.see(keeper, 1.0, 100.0)
+        learning.see(victim, 2.0, 60.0)  # 60 >= half of 100: old in build 0
+        learning.see(keeper, 3.0, 1000.0)  # build 1
+        learning.see(self.comeback(victim), 4.0, 0.0)
+        self.assertEqual(learning.returns_by_age, [0, 1])
+
+    def test_factor_and_weight_are_bounded(self):
+        learning = GhostLearning()
+        for first in range(200):
+            prefix = self.proven_prefix(learning, first=1000 + first, now=2.0 * first)
+            learning.see(prefix, 2.0 * first, 1.0)  # the oldest leaf: an old victim
+            learning.see(self.comeback(prefix), 2.0 * first + 1, 0.0)
+        learning.see(prefix, 1e9, 0.0)
+        self.assertAlmostEqual(learning.factor, GhostLearning.MAX_FACTOR)
+        self.assertEqual(learning.weight, GhostLearning.WEIGHT_BOUNDS[1])
+
+    def test_a_part_switched_off_stays_neutral(self):
+        for probation, value_weight in ((False, True), (True, False)):
+            with self.subTest(probation=probation, value_weight=value_weight):
+                learning = GhostLearning(probation=probation, value_weight=value_weight)
+                prefix = self.proven_prefix(learning, first=5)
+                learning.see(prefix, 0.0, 5.0)  # a new heap build, where it is the oldest
+                learning.see(self.comeback(prefix), 1.0, 0.0)
+                learning.see(self.leaf(4, first=77), 2.0, 0.0)  # the clock moved: applied
+                self.assertEqual((learning.returns, learning.returns_by_age), ([1, 0], [0, 1]))
+                self.assertEqual(learning.log_factor > 0, probation)
+                self.assertEqual(learning.weight > 1, value_weight)
+
+    def test_priority_divides_by_value_to_the_weight(self):
+        leaf = self.leaf(64, age=10.0, hits=1)
+        strategy = self.strategy(probation=False)
+        strategy.learning.weight = 2.0
+        value = strategy.value(leaf)
+        self.assertAlmostEqual(strategy.get_priority(leaf)[0] * value ** 2 / -10.0, 1.0, places=3)
 
     def test_split_and_rescoring_are_not_ghost_hits(self):
-        probation = AdaptiveProbation()
+        learning = GhostLearning()
         node = self.leaf(64, first=5)
-        probation.factor_for(node, 0.0)
-        probation.factor_for(node, 1.0)
+        learning.see(node, 0.0, 0.0)
+        learning.see(node, 1.0, 0.0)
         upper = self.node(node.parent, 16, 5, creation_time=node.creation_time)
         node.parent, node.key = upper, node.key[16:]  # what a split does
-        probation.factor_for(upper, 2.0)
-        probation.factor_for(node, 2.0)
-        self.assertEqual(probation.returns, [0, 0])
+        learning.see(upper, 2.0, 0.0)
+        learning.see(node, 2.0, 0.0)
+        self.assertEqual(learning.returns, [0, 0])
         self.assertEqual(upper._mla_children, 1)
 
     def test_memory_is_bounded(self):
-        probation = AdaptiveProbation()
-        probation.MAX_GHOSTS = 8
+        learning = GhostLearning()
+        learning.MAX_GHOSTS, learning.MAX_BUILDS = 8, 4
         for first in range(50):
-            probation.factor_for(self.leaf(4, first=first), 0.0)
-        self.assertEqual(len(probation._ghosts), 8)
+            learning.see(self.leaf(4, first=first), 0.0, 0.0)
+        keeper = self.leaf(4, first=99)
+        for build in range(10):
+            learning.see(keeper, 1.0, 0.0)
+        self.assertEqual((len(learning._ghosts), len(learning._oldest)), (8, 4))
 
     def test_ghost_hits_on_real_trees(self):
-        # Content evicted and inserted again is recognised on both trees' real nodes.
+        # Content evicted and inserted again is recognised on both trees' real nodes,
+        # and judged old or young against the heap build that evicted it.
         for kind in KINDS:
             with self.subTest(kind=kind):
                 t = TreeHarness(kind, "mla_aware", POLICY_CONFIG)
@@ -440,7 +498,8 @@ class TestAdaptiveProbation(MockNodes, CustomTestCase):
                 self.assertEqual(len(t.eviction_order()), 2)
                 t.insert(span(0, 64))
                 t.eviction_order()
-                self.assertEqual(t.strategy.probation.returns, [0, 1])
+                self.assertEqual(t.strategy.learning.returns, [0, 1])
+                self.assertEqual(sum(t.strategy.learning.returns_by_age), 1)
 
 
 class TestPolicyConfig(CustomTestCase):
@@ -453,6 +512,7 @@ class TestPolicyConfig(CustomTestCase):
         self.assertEqual(cfg["model"], "deepseek-v3")
         self.assertEqual(cfg["hit_exponent"], 1.0)
         self.assertTrue(cfg["probation"])
+        self.assertTrue(cfg["value_weight"])
         strategy = create_mla_aware_strategy()
         self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
 
@@ -475,6 +535,7 @@ class TestPolicyConfig(CustomTestCase):
             "hit_exponent": {"hit_exponent": "high"},
             "depth_aware": {"depth_aware": 1},
             "probation": {"probation": "on"},
+            "value_weight": {"value_weight": 1},
             "tp_size": {"tp_size": 0},
             "page_size": {"page_size": True},
             "gpu_tflops": {"gpu_tflops": -1.0},

@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToK
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.mla_aware_policy import (
-    AdaptiveProbation,
+    GhostLearning,
     MLAAwareStrategy,
     PolicyConfigError,
     create_mla_aware_strategy,
@@ -430,8 +430,8 @@ class TestSoakHasNoGrowth(CustomTestCase):
         import soak
 
         # A small pool keeps eviction (which scores every evictable leaf) cheap; a small
-        # probation table shows it filled and held at its bound.
-        with mock.patch.object(AdaptiveProbation, "MAX_GHOSTS", 512):
+        # table of returning victims shows it filled and held at its bound.
+        with mock.patch.object(GhostLearning, "MAX_GHOSTS", 512):
             samples = soak.run_soak(requests=20_000, cache="unified", workload="chat",
                                     capacity_tokens=64 * 512, chunk=5_000, sample_every=2_000,
                                     seed=SEED % 1000, progress=False, trace_memory=False)
