@@ -3,17 +3,16 @@
     python benchmark/mla_eviction/bar_check.py --markdown docs/results/bar_check.md \\
         --json docs/results/bar_check.json
 
-Replays each source with every SGLang built-in, the candidate (``mla_aware``, or a
-replay-only variant with ``--candidate``) and the offline bound at 1 %, 5 %, 10 % and 25 %
-of its unique blocks (timed mode, unified tree), then the shipped trace with a modelled
-host tier 4x the device capacity (LRU and the candidate), and prints one row per (check,
+Replays each source with every SGLang built-in, ``mla_aware`` and the offline bound at
+1 %, 5 %, 10 % and 25 % of its unique blocks (timed mode, unified tree), then the shipped
+trace with a modelled host tier 4x the device capacity (LRU and ``mla_aware``), and prints one row per (check,
 source, capacity) with the measured numbers and PASS or MISS:
 
 - ``gain``: at 1 % and 5 %, where the bound leaves LRU at least 10 points of FLOP hit
-  rate, the candidate at least 15 % above LRU (relative);
+  rate, ``mla_aware`` at least 15 % above LRU (relative);
 - ``floor``: at every capacity, at most 0.5 points below the best built-in;
 - ``ttft``: with the host tier, modelled TTFT p50 at least 30 % below LRU's;
-- ``cpu``: the cache CPU time the candidate adds per request over LRU (same run, Python
+- ``cpu``: the cache CPU time ``mla_aware`` adds per request over LRU (same run, Python
   tree core) under 1 % of the mean modelled prefill time per request.
 
 The share of the LRU-to-bound gap closed is reported per row. The exit status is 0
@@ -30,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replay  # noqa: E402
-from policy_variants import MLA_POLICIES as CANDIDATES  # noqa: E402  (shipped, then replay-only)
 
+CANDIDATE = "mla_aware"
 BUILTINS = ("lru", "lfu", "fifo", "slru", "priority", "tlru")
 GSP_ZIPF = ["--workload-param", "group_distribution=zipf", "--workload-param", "zipf_alpha=1.1"]
 # name -> replay.py source arguments
@@ -52,8 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sources", default=",".join(SOURCES),
                    help=f"comma list of {', '.join(SOURCES)}")
-    p.add_argument("--candidate", choices=CANDIDATES, default=CANDIDATES[0],
-                   help="policy held to the bar (all but mla_aware are replay-only variants)")
     p.add_argument("--capacity", default=replay.DEFAULT_CAPACITIES)
     p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
@@ -72,10 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def replay_source(name: str, args, host_tier: bool = False) -> list[dict]:
     """Summaries of replay.py on one source (raises replay.UsageError on bad input): every
-    built-in, the candidate and the bound; with ``host_tier``, LRU and the candidate on a
+    built-in, ``mla_aware`` and the bound; with ``host_tier``, LRU and ``mla_aware`` on a
     4x host tier."""
-    candidate = args.candidate
-    policies = f"lru,{candidate}" if host_tier else ",".join((*BUILTINS, candidate, "optimal"))
+    policies = f"lru,{CANDIDATE}" if host_tier else ",".join((*BUILTINS, CANDIDATE, "optimal"))
     rargs = replay.parse_args([
         *SOURCES[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
         "--capacity", args.capacity, "--policies", policies, "--jobs", str(args.jobs),
@@ -87,16 +83,15 @@ def replay_source(name: str, args, host_tier: bool = False) -> list[dict]:
     return replay.run_all(rargs, replay.plan(rargs, trace, cost), trace, cost)
 
 
-def checks(source: str, results: list[dict], host_tier: bool = False,
-           candidate: str = CANDIDATES[0]) -> list[dict]:
+def checks(source: str, results: list[dict], host_tier: bool = False) -> list[dict]:
     """Bar rows for one source's summaries (see the module docstring)."""
     rows = []
     by_cap: dict = {}
     for r in results:
         by_cap.setdefault(r["capacity"], {})[r["policy"]] = r
     for cap, group in by_cap.items():
-        mla, lru = group[candidate], group["lru"]
-        row = {"source": source, "capacity": cap, "policy": candidate,
+        mla, lru = group[CANDIDATE], group["lru"]
+        row = {"source": source, "capacity": cap, "policy": CANDIDATE,
                "candidate": 100 * mla["flop_hit_rate"], "lru": 100 * lru["flop_hit_rate"]}
         if host_tier:
             p50, base = mla["ttft_p50_s"], lru["ttft_p50_s"]
@@ -123,8 +118,7 @@ def checks(source: str, results: list[dict], host_tier: bool = False,
 
 
 def markdown(rows: list[dict]) -> str:
-    name = rows[0]["policy"] if rows else CANDIDATES[0]
-    lines = [f"| check | source | capacity | {name} | reference | measured | result |",
+    lines = [f"| check | source | capacity | {CANDIDATE} | reference | measured | result |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = "n/a" if r["pass"] is None else ("PASS" if r["pass"] else "**MISS**")
@@ -158,11 +152,10 @@ def main(argv=None) -> int:
     try:
         for name in args.sources:
             raw[name] = replay_source(name, args)
-            rows += checks(name, raw[name], candidate=args.candidate)
+            rows += checks(name, raw[name])
         if not args.no_host_tier and "mooncake" in args.sources:
             raw["mooncake+host4x"] = replay_source("mooncake", args, host_tier=True)
-            rows += checks("mooncake+host4x", raw["mooncake+host4x"], host_tier=True,
-                           candidate=args.candidate)
+            rows += checks("mooncake+host4x", raw["mooncake+host4x"], host_tier=True)
     except replay.UsageError as e:
         print(f"bar_check.py: error: {e}", file=sys.stderr)
         return 2

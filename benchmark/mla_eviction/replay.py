@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("timed", "sequential"), default="timed")
     p.add_argument("--cache", choices=("unified", "radix"), default="unified",
                    help="UnifiedRadixCache (SGLang's default) or the legacy RadixCache")
+    p.add_argument("--clock", choices=("tick", "per-read"), default="tick",
+                   help="the legacy RadixCache's clock: one tick per cache operation, or "
+                        "moving at every read as wall time does in a server")
     p.add_argument("--capacity", default=DEFAULT_CAPACITIES,
                    help="comma list: share of the trace's unique blocks (5%%) or memory (80GB)")
     p.add_argument("--weights", default="0GB", help="weights per GPU, subtracted from a memory capacity")
@@ -56,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
-    p.add_argument("--policy-config", default=None, help="JSON config for mla_aware (and mla_aware_ghost)")
+    p.add_argument("--policy-config", default=None, help="JSON config for mla_aware")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
     p.add_argument("--gpu-tflops", type=float, default=3200.0,
@@ -166,7 +169,6 @@ def host_tier_tokens(text: Optional[str], capacity_tokens: int, cost) -> int:
 
 
 def plan(args, trace, cost):
-    from policy_variants import MLA_POLICIES
     from simulator import ReplayConfig, known_policies
 
     from sglang.srt.mem_cache.mla_eviction_plugin import register
@@ -197,12 +199,14 @@ def plan(args, trace, cost):
     cache = args.cache
     if args.host_tier and cache != "radix":
         cache = "radix"  # the modelled host tier marks nodes backed up: legacy tree only
+    if args.clock != "tick" and cache != "radix":
+        raise UsageError("--clock per-read needs --cache radix (the unified tree counts its own ticks)")
     configs = []
     for label, share, tokens in parse_capacities(args.capacity, args, trace, cost):
         host_tokens = host_tier_tokens(args.host_tier, tokens, cost)
         for name in policies:
             cfg = None
-            if name in MLA_POLICIES:
+            if name == "mla_aware":
                 cfg = {
                     "model": args.model, "kv_cache_dtype": args.kv_cache_dtype, "tp_size": args.tp,
                     "page_size": args.page_size,
@@ -212,7 +216,7 @@ def plan(args, trace, cost):
                 }
             configs.append(ReplayConfig(
                 policy=name, capacity_tokens=tokens, mode=args.mode, cache=cache,
-                page_size=args.page_size, host_tier_tokens=host_tokens,
+                page_size=args.page_size, host_tier_tokens=host_tokens, clock=args.clock,
                 policy_config=cfg, decode_s_per_token=args.decode_ms_per_token / 1e3,
                 capacity_fraction=share, capacity_label=label,
             ))

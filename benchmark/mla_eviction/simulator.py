@@ -50,10 +50,7 @@ from sglang.srt.mem_cache.mla_cost_model import KVCostModel
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 
-import policy_variants
 from traces import Request, Trace
-
-policy_variants.register()  # candidates such as mla_aware_ghost, replay only
 
 OPTIMAL = "optimal"
 _OUTPUT_TOKEN_BASE = 1 << 48
@@ -67,6 +64,7 @@ class ReplayConfig:
     cache: str = "unified"  # "unified" or "radix"
     page_size: int = 64
     host_tier_tokens: int = 0
+    clock: str = "tick"  # legacy tree's clock: "tick", or "per-read" (moves at every read)
     policy_config: Optional[dict] = None
     decode_s_per_token: float = 0.03
     capacity_fraction: Optional[float] = None
@@ -198,16 +196,26 @@ class TickClock:
     the machine runs it. Here ``monotonic()`` reads a counter that the replay advances once
     per cache operation, as the unified tree's access counter does; everything else is
     the real ``time`` module.
+
+    With ``per_read``, every read returns a later time than the one before (by 1e-7 of a
+    tick), as wall time does in a server, where no two scores of one heap build see the
+    same clock; the order of operations is the same.
     """
 
-    def __init__(self):
+    def __init__(self, per_read: bool = False):
         self.ticks = 0.0
+        self.per_read = per_read
+        self._reads = 0
 
     def advance(self) -> None:
         self.ticks += 1.0
+        self._reads = 0
 
     def monotonic(self) -> float:
-        return self.ticks
+        if not self.per_read:
+            return self.ticks
+        self._reads += 1
+        return self.ticks + self._reads * 1e-7
 
     def __getattr__(self, name):
         return getattr(time, name)
@@ -238,7 +246,7 @@ class Replayer:
         self.pages_per_block = trace.block_size // self.unit
         self.cost = cost_model
         self.future = FutureIndex(trace) if config.policy == OPTIMAL else None
-        self.clock = TickClock()
+        self.clock = TickClock(per_read=config.clock == "per-read")
         with radix_clock(self.clock):
             self.cache, self.allocator = self._build_cache()
         self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None

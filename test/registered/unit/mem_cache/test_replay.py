@@ -20,7 +20,7 @@ _REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(_REPO / "benchmark" / "mla_eviction"))
 
 import replay  # noqa: E402
-from simulator import Replayer, ReplayConfig  # noqa: E402
+from simulator import Replayer, ReplayConfig, TickClock  # noqa: E402
 from traces import Request, Trace, load_mooncake_trace  # noqa: E402
 
 from sglang.srt.mem_cache.mla_cost_model import KVCostModel  # noqa: E402
@@ -131,6 +131,16 @@ class TestReplayCli(CustomTestCase):
 
         self.assertIs(radix_cache.time, time)
 
+    def test_per_read_clock_moves_at_every_read_within_its_tick(self):
+        clock = TickClock(per_read=True)
+        clock.advance()
+        reads = [clock.monotonic() for _ in range(1000)]
+        self.assertEqual(sorted(set(reads)), reads)
+        self.assertTrue(1.0 < reads[0] and reads[-1] < 2.0)
+        clock.advance()
+        self.assertLess(reads[-1], clock.monotonic())
+        self.assertEqual(TickClock().monotonic(), TickClock().monotonic())
+
     def test_plot_and_markdown_written(self):
         png, md = self.dir / "p.png", self.dir / "t.md"
         status, _, _ = run_replay(
@@ -171,6 +181,7 @@ class TestReplayCli(CustomTestCase):
             (["--page-size", "3"], "--page-size 3 must divide"),
             (["--policy-config", '{"bogus": 1}'], "'bogus'"),
             (["--model", "gpt-17"], "--model"),
+            (["--clock", "per-read"], "--clock per-read needs --cache radix"),
         ):
             with self.subTest(argv):
                 status, _, stderr = run_replay("--trace", str(self.trace), *argv)
