@@ -187,7 +187,10 @@ class GhostLearning:
 
     Heap builds: a tree scores each evictable leaf once per build (``RadixCache.evict``,
     the unified tree's ``evict_device_start``), so a node scored twice in the current
-    build starts a new one, whatever the clock. Steps seen at one reading of the tree's
+    build starts a new one, whatever the clock. A clock that has been seen to stand still
+    between two scores counts ticks (the unified tree's counter, a replay's clock), and
+    there a move of the clock starts a build too, so nodes first scored ahead of the
+    first repeat, in the set's order, cannot land in the build before. Steps seen at one reading of the tree's
     clock are applied together, as their net step, when the clock moves: a tree scores
     its leaves at one reading in the order of a set (by address), and a net step does not
     depend on that order, so replays on a tick clock are reproducible. Both start neutral
@@ -212,6 +215,7 @@ class GhostLearning:
         self.returns_by_age = [0, 0]  # the same victims: (young, old) when last scored
         self._pending = [0, 0.0]  # net (log_factor, weight) steps not yet applied
         self._now = None
+        self._clock_stands = False  # seen two scores at one clock reading
         self._build = 0
         self._oldest: OrderedDict = OrderedDict({0: 0.0})  # build -> oldest age scored
         self._ghosts: OrderedDict = OrderedDict()  # signature -> _Seen
@@ -226,6 +230,10 @@ class GhostLearning:
             self._now = now
             if self._pending != [0, 0.0]:
                 self._apply()
+            if self._clock_stands:
+                self._new_build()
+        elif not self._clock_stands:
+            self._clock_stands = True  # two scores at one reading: a tick clock
         seen = node.__dict__.get("_mla_seen")
         if seen is None or seen.owner is not self:
             seen = self._first_sight(node)

@@ -436,6 +436,20 @@ class TestGhostLearning(MockNodes, CustomTestCase):
         learning.see(self.comeback(victim), 4.0, 0.0)
         self.assertEqual(learning.returns_by_age, [0, 1])
 
+    def test_on_a_tick_clock_a_build_starts_when_the_clock_moves(self):
+        # Build 0 at tick 0 (its oldest, `gone`, is evicted there). At tick 1 the set's
+        # order puts a new node first, ahead of the first repeat: it still belongs to
+        # build 1, whose oldest is its own age, so it was old when it went.
+        learning = GhostLearning()
+        gone, keeper = self.leaf(64, first=1), self.leaf(64, first=2)
+        learning.see(gone, 0.0, 100.0)
+        learning.see(keeper, 0.0, 10.0)
+        new = self.leaf(64, first=3)
+        learning.see(new, 1.0, 30.0)
+        learning.see(keeper, 1.0, 11.0)
+        learning.see(self.comeback(new), 2.0, 0.0)
+        self.assertEqual(learning.returns_by_age, [0, 1])
+
     def test_factor_and_weight_are_bounded(self):
         learning = GhostLearning()
         for first in range(200):
