@@ -6,9 +6,13 @@ bytes would save::
     value(node)    = restore_seconds(node) / bytes(node) * reuse(node)
     priority(node) = (-age(node) * factor(node) / value(node) ** weight, last_access_time)
 
-``restore_seconds`` comes from :class:`KVCostModel`: recompute positions
-``[start, end)`` of the node (prefill work grows with depth), or reload them from host
-memory when HiCache holds a copy (``node.backuped``), whichever is cheaper.
+``restore_seconds`` comes from :class:`KVCostModel`: recompute the node's tokens, or
+reload them from host memory when HiCache holds a copy (``node.backuped``), whichever is
+cheaper. Recompute is priced as if the node began a prompt (its tokens attend to each
+other: a long node is worth more per byte than a short one); with ``depth_aware`` at its
+true positions ``[start, end)``, where prefill work grows with depth. Depth pricing is off
+by default: on every trace measured, the deep tails it would keep are the least reused
+(docs/advanced_features/mla_aware_eviction.md, ablations).
 ``reuse`` is ``(1 + hit_count) ** hit_exponent``. Dividing the node's age by its value
 makes this a cost- and frequency-weighted LRU: a node twice as valuable may sit idle
 twice as long. Ages are ratios of one clock, so the order does not depend on whether
@@ -60,7 +64,7 @@ _SETUP_KEYS = {
 }
 _TUNABLE_KEYS = {
     "hit_exponent": ((int, float), 1.0),
-    "depth_aware": (bool, True),
+    "depth_aware": (bool, False),
     "host_aware": (bool, True),
     "probation": (bool, True),
     "value_weight": (bool, True),
@@ -79,7 +83,7 @@ class MLAAwareStrategy(EvictionStrategy):
         cost_model: KVCostModel,
         *,
         hit_exponent: float = 1.0,
-        depth_aware: bool = True,
+        depth_aware: bool = False,
         host_aware: bool = True,
         probation: bool = True,
         value_weight: bool = True,

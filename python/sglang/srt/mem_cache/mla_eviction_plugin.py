@@ -68,8 +68,8 @@ def add_flag(_result: Any, parser: Any) -> None:
     parser.add_argument(
         FLAG,
         action="store_true",
-        help="Evict prefix-cache nodes by what they cost to restore (prefill work by "
-        "depth, cheap host reload under HiCache), how likely they are reused and the "
+        help="Evict prefix-cache nodes by what they cost to restore (prefill work, "
+        "cheap host reload under HiCache), how likely they are reused and the "
         "bytes they hold. Same as --radix-eviction-policy mla_aware for MLA/DSA models "
         "(DeepSeek V2/V3/R1/V3.2); other models keep the stock policy.",
     )

@@ -42,6 +42,7 @@ register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
 SIZE = 4096
 POLICY_CONFIG = {"model": "deepseek-v3"}
+DEPTH_CONFIG = {**POLICY_CONFIG, "depth_aware": True}
 
 
 class TreeHarness:
@@ -133,12 +134,12 @@ class TestEvictionOrder(CustomTestCase):
         # root -+- P [0, 1000) -- D [9000, 9064)     (deep: positions 1000..1063)
         #       +- S [5000, 5064)                    (shallow: positions 0..63)
         # D and P are a little older than S: LRU drops D, then P. Restoring D costs
-        # more prefill (its tokens attend to 1000 more positions), so mla_aware drops
-        # S first.
+        # more prefill (its tokens attend to 1000 more positions), so mla_aware with
+        # depth pricing drops S first.
         for kind in KINDS:
             for policy, expected in (("lru", [9000, 0, 5000]), ("mla_aware", [5000, 9000, 0])):
                 with self.subTest(kind=kind, policy=policy):
-                    t = TreeHarness(kind, policy, POLICY_CONFIG if policy == "mla_aware" else None)
+                    t = TreeHarness(kind, policy, DEPTH_CONFIG if policy == "mla_aware" else None)
                     t.insert(span(0, 1000))
                     t.insert(span(0, 1000) + span(9000, 64))
                     t.insert(span(5000, 64))
@@ -147,16 +148,21 @@ class TestEvictionOrder(CustomTestCase):
                     t.set_age(5000, 9.99)
                     self.assertEqual(t.eviction_order(), expected)
 
-    def test_same_recency_shallow_first(self):
+    def test_same_recency_shallow_first_when_depth_aware(self):
         for kind in KINDS:
-            with self.subTest(kind=kind):
-                t = TreeHarness(kind, "mla_aware", POLICY_CONFIG)
-                t.insert(span(0, 64))
-                t.insert(span(0, 64) + span(9000, 64))
-                t.insert(span(5000, 64))
-                for first in (0, 9000, 5000):
-                    t.set_age(first, 10.0)
-                self.assertEqual(t.eviction_order(), [5000, 9000, 0])
+            for config, expected in ((DEPTH_CONFIG, [5000, 9000, 0]), (POLICY_CONFIG, None)):
+                with self.subTest(kind=kind, depth_aware=config.get("depth_aware", False)):
+                    t = TreeHarness(kind, "mla_aware", config)
+                    t.insert(span(0, 64))
+                    t.insert(span(0, 64) + span(9000, 64))
+                    t.insert(span(5000, 64))
+                    for first in (0, 9000, 5000):
+                        t.set_age(first, 10.0)
+                    deep, shallow = t.node(9000), t.node(5000)
+                    if expected:
+                        self.assertEqual(t.eviction_order(), expected)
+                    else:  # by default, position does not price a node: equal leaves tie
+                        self.assertAlmostEqual(t.strategy.value(deep), t.strategy.value(shallow))
 
     def test_leaf_with_more_hits_outlives_an_older_equal_one(self):
         # Two equal leaves; A is older but was hit 3 times, B is newer and never hit.
@@ -271,10 +277,10 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
     """The scoring rules in isolation, as upstream's test_evict_policy.py does."""
 
     def test_depth_and_host_switches(self):
-        on = self.strategy()
+        on = self.strategy(depth_aware=True)
         deep, shallow = self.leaf(64, depth=8000), self.leaf(64)
         self.assertLess(on.get_priority(shallow), on.get_priority(deep))
-        off = self.strategy(depth_aware=False)  # ages differ by the clock's drift only
+        off = self.strategy()  # the default; ages differ by the clock's drift only
         ratio = off.get_priority(shallow)[0] / off.get_priority(deep)[0]
         self.assertAlmostEqual(ratio, 1.0, places=5)
 
@@ -290,8 +296,8 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
         self.assertLess(flat.get_priority(hot), flat.get_priority(cold))
 
     def test_key_unit_tokens_scales_depth_and_bytes(self):
-        per_element = self.strategy(key_unit_tokens=64)
-        per_token = self.strategy()
+        per_element = self.strategy(key_unit_tokens=64, depth_aware=True)
+        per_token = self.strategy(depth_aware=True)
         a = self.leaf(2, depth=10)  # 2 pages at pages 10..12
         b = self.leaf(128, depth=640)  # the same 128 tokens at 640..768
         self.assertAlmostEqual(
@@ -299,9 +305,9 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
         )
 
     def test_memoised_cost_follows_splits_and_host_copies(self):
-        strategy = self.strategy()
+        strategy = self.strategy(depth_aware=True)
         node = self.leaf(64, depth=64)
-        fresh = lambda: self.strategy().restore_seconds_per_byte(node)  # noqa: E731
+        fresh = lambda: self.strategy(depth_aware=True).restore_seconds_per_byte(node)  # noqa: E731
         strategy.get_priority(node)
         self.assertEqual(node._mla_density[3], fresh())
         node.backuped = True  # HiCache wrote it through: now cheap to lose
