@@ -217,11 +217,14 @@ class GhostLearning:
         self.weight = 1.0
         self.returns = [0, 0]  # victims that came back: (proven, probationary)
         self.returns_by_age = [0, 0]  # the same victims: (young, old) when last scored
-        self._pending = [0, 0.0]  # net (log_factor, weight) steps not yet applied
+        self._factor_steps = 0  # net steps not yet applied: log_factor (in STEPs) ...
+        self._weight_step = 0.0  # ... and weight
+        self._dirty = False  # a step is pending
         self._now = None
         self._clock_stands = False  # seen two scores at one clock reading
         self._build = 0
-        self._oldest: OrderedDict = OrderedDict({0: 0.0})  # build -> oldest age scored
+        self._build_oldest = 0.0  # oldest age scored in the current build
+        self._oldest: OrderedDict = OrderedDict()  # earlier build -> its oldest age
         self._ghosts: OrderedDict = OrderedDict()  # signature -> _Seen
 
     def see(self, node: Any, now: float, age: float) -> "_Seen":
@@ -232,7 +235,7 @@ class GhostLearning:
         """
         if now != self._now:
             self._now = now
-            if self._pending != [0, 0.0]:
+            if self._dirty:
                 self._apply()
             if self._clock_stands:
                 self._new_build()
@@ -249,8 +252,8 @@ class GhostLearning:
         elif seen.build == self._build:
             self._new_build()
         seen.build, seen.age = self._build, age
-        if age > self._oldest[self._build]:
-            self._oldest[self._build] = age
+        if age > self._build_oldest:
+            self._build_oldest = age
         return seen
 
     def _first_sight(self, node: Any) -> "_Seen":
@@ -269,13 +272,18 @@ class GhostLearning:
         """``victim`` came back: one step for each part switched on."""
         self.returns[victim.probationary] += 1
         if self.learns[0]:
-            self._pending[0] += 1 if victim.probationary else -1
-        oldest = self._oldest.get(victim.build)
+            self._factor_steps += 1 if victim.probationary else -1
+            self._dirty = True
+        if victim.build == self._build:
+            oldest = self._build_oldest
+        else:
+            oldest = self._oldest.get(victim.build)
         if oldest:
             old = 1 if victim.age >= self.OLD * oldest else 0
             self.returns_by_age[old] += 1
             if self.learns[1]:
-                self._pending[1] += self.WEIGHT_STEP * ((1 - self.RHO) if old else -self.RHO)
+                self._weight_step += self.WEIGHT_STEP * ((1 - self.RHO) if old else -self.RHO)
+                self._dirty = True
 
     def _count_child(self, parent: Any) -> None:
         """One more child scored under ``parent``; the second one proves it."""
@@ -292,19 +300,19 @@ class GhostLearning:
             self._ghosts.popitem(last=False)
 
     def _new_build(self) -> None:
-        self._build += 1
-        self._oldest[self._build] = 0.0
-        if len(self._oldest) > self.MAX_BUILDS:
+        self._oldest[self._build] = self._build_oldest
+        if len(self._oldest) >= self.MAX_BUILDS:
             self._oldest.popitem(last=False)
+        self._build += 1
+        self._build_oldest = 0.0
 
     def _apply(self) -> None:
-        factor_steps, weight_step = self._pending
-        self._pending = [0, 0.0]
         log_max = math.log(self.MAX_FACTOR)
-        self.log_factor = min(max(self.log_factor - self.STEP * factor_steps, 0.0), log_max)
+        self.log_factor = min(max(self.log_factor - self.STEP * self._factor_steps, 0.0), log_max)
         self.factor = math.exp(self.log_factor)
         low, high = self.WEIGHT_BOUNDS
-        self.weight = min(max(self.weight + weight_step, low), high)
+        self.weight = min(max(self.weight + self._weight_step, low), high)
+        self._factor_steps, self._weight_step, self._dirty = 0, 0.0, False
 
 
 class _Seen:

@@ -505,7 +505,8 @@ class TestGhostLearning(MockNodes, CustomTestCase):
         keeper = self.leaf(4, first=99)
         for build in range(10):
             learning.see(keeper, 1.0, 0.0)
-        self.assertEqual((len(learning._ghosts), len(learning._oldest)), (8, 4))
+        # Builds remembered: the earlier ones by number, the current one apart.
+        self.assertEqual((len(learning._ghosts), len(learning._oldest) + 1), (8, 4))
 
     def test_ghost_hits_on_real_trees(self):
         # Content evicted and inserted again is recognised on both trees' real nodes,
