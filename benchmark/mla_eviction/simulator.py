@@ -88,6 +88,7 @@ class ReplayResult:
     cache_cpu_s: float = 0.0
     prefill_s: float = 0.0  # modelled prefill (recompute + reload) of admitted requests
     ttfts: list = dataclasses.field(default_factory=list, repr=False)
+    learnt: Optional[dict] = None  # mla_aware: what its GhostLearning ended with
 
     def summary(self) -> dict:
         ttft = np.asarray(self.ttfts) if self.ttfts else None
@@ -114,6 +115,7 @@ class ReplayResult:
             "evicted_tokens": self.evicted_tokens,
             "cpu_us_per_request": 1e6 * self.cache_cpu_s / served,
             "prefill_ms_per_request": 1e3 * self.prefill_s / served,
+            "learnt": self.learnt,
         }
 
 
@@ -322,7 +324,16 @@ class Replayer:
         are per index, so a caller replaying chunk after chunk on one cache keeps them
         unique; the ``optimal`` bound needs 0)."""
         with radix_clock(self.clock):
-            return self._run(progress, first_index)
+            result = self._run(progress, first_index)
+        learning = getattr(self.strategy, "learning", None)
+        if learning is not None:
+            result.learnt = {
+                "weight": round(learning.weight, 4),
+                "log_factor": round(learning.log_factor, 4),
+                "returned_proven_probationary": list(learning.returns),
+                "returned_young_old": list(learning.returns_by_age),
+            }
+        return result
 
     def _run(self, progress, first_index: int) -> ReplayResult:
         reqs = self.trace.requests

@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import tempfile
@@ -89,6 +90,16 @@ class TestReplayCli(CustomTestCase):
             for key in ("token_hit_rate", "flop_hit_rate"):
                 self.assertTrue(0 <= r[key] <= 1, (key, r[key]))
             self.assertEqual(r["is_bound"], r["policy"] == "optimal")
+            if r["policy"] == "mla_aware":  # what its learning ended with
+                learnt = r["learnt"]
+                self.assertTrue(0.25 <= learnt["weight"] <= 3, learnt)
+                self.assertTrue(0 <= learnt["log_factor"] <= math.log(1000), learnt)
+                self.assertEqual(len(learnt["returned_proven_probationary"]), 2)
+                # Every victim judged young or old came back, so was counted first.
+                self.assertLessEqual(sum(learnt["returned_young_old"]),
+                                     sum(learnt["returned_proven_probationary"]))
+            else:
+                self.assertIsNone(r["learnt"])
         self.assertIn("optimal (offline bound)", stdout)
         self.assertEqual({r["capacity_fraction"] for r in data["results"]}, {0.5, 1.0})
 
