@@ -194,9 +194,10 @@ class GhostLearning:
     build starts a new one, whatever the clock. A clock that has been seen to stand still
     between two scores counts ticks (the unified tree's counter, a replay's clock), and
     there a move of the clock starts a build too, so nodes first scored ahead of the
-    first repeat, in the set's order, cannot land in the build before. Steps seen at one reading of the tree's
-    clock are applied together, as their net step, when the clock moves: a tree scores
-    its leaves at one reading in the order of a set (by address), and a net step does not
+    first repeat, in the set's order, cannot land in the build before. The oldest age of
+    the last ``MAX_BUILDS`` builds is kept. Steps seen at one reading of the tree's clock
+    are applied together, as their net step, when the clock moves: a tree scores its
+    leaves at one reading in the order of a set (by address), and a net step does not
     depend on that order, so replays on a tick clock are reproducible. Both start neutral
     (factor 1, weight 1: cost-weighted LRU); a part switched off stays neutral.
     """
