@@ -212,7 +212,7 @@ class GhostLearning:
     MAX_BUILDS = 1 << 12
 
     def __init__(self, *, probation: bool = True, value_weight: bool = True):
-        self.learns = (probation, value_weight)
+        self.learns_factor, self.learns_weight = probation, value_weight
         self.log_factor = 0.0
         self.factor = 1.0
         self.weight = 1.0
@@ -272,7 +272,7 @@ class GhostLearning:
     def _learn(self, victim: "_Seen") -> None:
         """``victim`` came back: one step for each part switched on."""
         self.returns[victim.probationary] += 1
-        if self.learns[0]:
+        if self.learns_factor:
             self._factor_steps += 1 if victim.probationary else -1
             self._dirty = True
         if victim.build == self._build:
@@ -282,7 +282,7 @@ class GhostLearning:
         if oldest:
             old = 1 if victim.age >= self.OLD * oldest else 0
             self.returns_by_age[old] += 1
-            if self.learns[1]:
+            if self.learns_weight:
                 self._weight_step += self.WEIGHT_STEP * ((1 - self.RHO) if old else -self.RHO)
                 self._dirty = True
 
