@@ -5,8 +5,8 @@
 
 Replays each source with every SGLang built-in, ``mla_aware`` and the offline bound at
 1 %, 5 %, 10 % and 25 % of its unique blocks (timed mode, unified tree), then the shipped
-trace with a modelled host tier 4x the device capacity (LRU and ``mla_aware``), and prints one row per (check,
-source, capacity) with the measured numbers and PASS or MISS:
+trace with a modelled host tier 4x the device capacity (LRU and ``mla_aware``), and
+prints one row per (check, source, capacity) with the measured numbers and PASS or MISS:
 
 - ``gain``: at 1 % and 5 %, where the bound leaves LRU at least 10 points of FLOP hit
   rate, ``mla_aware`` at least 15 % above LRU (relative);

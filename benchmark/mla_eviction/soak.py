@@ -161,7 +161,7 @@ def check(samples: list[dict]) -> list[str]:
 
     return [
         f"after {s['requests']} requests: {s['memo_nodes']} memos on {s['tree_nodes']} "
-        f"tree nodes, {s['stray_memos']} stray, {s['ghosts']} ghost signatures"
+        f"tree nodes, {s['stray_memos']} stray, {s['ghosts']} ghost records"
         for s in samples
         if s["memo_nodes"] > s["tree_nodes"] or s["stray_memos"]
         or s["ghosts"] > GhostLearning.MAX_GHOSTS
