@@ -94,12 +94,8 @@ class MLAAwareStrategy(EvictionStrategy):
         self.hit_exponent = float(hit_exponent)
         self.depth_aware = depth_aware
         self.host_aware = host_aware
-        self.learning = (
-            GhostLearning(probation=probation, value_weight=value_weight)
-            if probation or value_weight
-            else None
-        )
-        self._readers: dict[type, tuple] = {}
+        self.learning = GhostLearning(probation=probation, value_weight=value_weight)
+        self._node_type: Optional[type] = None  # the tree's node type, bound on first score
 
     @classmethod
     def from_config(cls, config: Optional[Mapping[str, Any]]) -> "MLAAwareStrategy":
@@ -115,36 +111,41 @@ class MLAAwareStrategy(EvictionStrategy):
         )
 
     def get_priority(self, node: Any) -> tuple[float, float]:
-        clock, is_backed = self._node_type_readers(node)
-        value = self._value(node, is_backed)
-        now = clock()
+        # Called for every evictable leaf at every eviction, so what does not change
+        # between two scores of a node is memoised on its record (see _Seen).
+        if type(node) is not self._node_type:
+            self._bind(type(node))
+        now = self._clock()
         age = now - node.last_access_time
         learning = self.learning
-        if learning is not None:
-            if learning.see(node, now, age).probationary:
-                age *= learning.factor
-            value **= learning.weight
+        seen = learning.see(node, now, age)
+        if seen.density is None or (self.host_aware and seen.backed != self._is_backed(node)):
+            self._price(node, seen)
+        hits, weight = node.hit_count, learning.weight
+        if hits != seen.hits or weight != seen.weight:
+            seen.hits, seen.weight = hits, weight
+            seen.value = (seen.density * (1 + hits) ** self.hit_exponent) ** weight
+        value = seen.value
+        if seen.probationary:
+            age *= learning.factor
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
         """Restore seconds per byte times ``(1 + hit_count) ** hit_exponent``."""
-        return self._value(node, self._node_type_readers(node)[1])
-
-    def _value(self, node: Any, is_backed) -> float:
-        # The cost per byte changes only when a split shortens the node or its host
-        # copy comes or goes; memoise it on the node against both (and this strategy).
-        key_len = len(node.key)
-        backed = self.host_aware and is_backed(node)
-        memo = node.__dict__.get("_mla_density")
-        if memo is None or memo[0] is not self or memo[1] != key_len or memo[2] != backed:
-            memo = (self, key_len, backed, self._restore_seconds_per_byte(node, backed))
-            node._mla_density = memo
-        return memo[3] * (1 + node.hit_count) ** self.hit_exponent
+        return self.restore_seconds_per_byte(node) * (1 + node.hit_count) ** self.hit_exponent
 
     def restore_seconds_per_byte(self, node: Any) -> float:
         """Restore time of the node's tokens over the bytes they hold (page-rounded)."""
-        backed = self.host_aware and self._node_type_readers(node)[1](node)
-        return self._restore_seconds_per_byte(node, backed)
+        if type(node) is not self._node_type:
+            self._bind(type(node))
+        return self._restore_seconds_per_byte(node, self.host_aware and self._is_backed(node))
+
+    def _price(self, node: Any, seen: "_Seen") -> None:
+        """Price the node's bytes into its record (memoised until a split or host copy
+        change; the value is recomputed from it at the next score)."""
+        seen.backed = self.host_aware and self._is_backed(node)
+        seen.density = self._restore_seconds_per_byte(node, seen.backed)
+        seen.hits = None
 
     def _restore_seconds_per_byte(self, node: Any, backed: bool) -> float:
         n = len(node.key) * self.key_unit_tokens
@@ -154,15 +155,11 @@ class MLAAwareStrategy(EvictionStrategy):
         seconds = self.cost_model.restore_seconds(end - n, end, backed_up=backed)
         return seconds / self.cost_model.bytes_for_tokens(n)
 
-    def _node_type_readers(self, node: Any):
-        """(clock, is-backed-up reader) for the node's tree type, looked up once per type."""
-        readers = self._readers.get(type(node))
-        if readers is None:
-            readers = self._readers[type(node)] = (
-                _clock_for(type(node)),
-                _backed_reader(type(node)),
-            )
-        return readers
+    def _bind(self, node_type: type) -> None:
+        """Read the clock and host copies the way trees of ``node_type`` keep them."""
+        self._node_type = node_type
+        self._clock = _clock_for(node_type)
+        self._is_backed = _backed_reader(node_type)
 
 
 class GhostLearning:
@@ -199,7 +196,8 @@ class GhostLearning:
     are applied together, as their net step, when the clock moves: a tree scores its
     leaves at one reading in the order of a set (by address), and a net step does not
     depend on that order, so replays on a tick clock are reproducible. Both start neutral
-    (factor 1, weight 1: cost-weighted LRU); a part switched off stays neutral.
+    (factor 1, weight 1: cost-weighted LRU); a part switched off stays neutral. With both
+    off the records are still kept: the strategy memoises each node's price on its record.
     """
 
     STEP = 0.1
@@ -242,12 +240,16 @@ class GhostLearning:
                 self._new_build()
         elif not self._clock_stands:
             self._clock_stands = True  # two scores at one reading: a tick clock
-        seen = node.__dict__.get("_mla_seen")
+        try:
+            seen = node._mla_seen
+        except AttributeError:
+            seen = None
         if seen is None or seen.owner is not self:
             seen = self._first_sight(node)
         elif seen.parent_id != id(node.parent):  # split: same content, new start and parent
             self._ghosts.pop(seen.signature, None)
             seen.parent_id, seen.signature = id(node.parent), ghost_signature(node)
+            seen.density = None  # a shorter key: price it again
             self._remember(seen)
             self._count_child(node.parent)
         elif seen.build == self._build:
@@ -317,19 +319,23 @@ class GhostLearning:
 
 
 class _Seen:
-    """What a :class:`GhostLearning` knows of a node it has scored.
+    """What a :class:`GhostLearning` knows of a node it has scored, and the strategy's memo.
 
     It outlives the node in the table of ghosts, so it holds no node: the parent is kept
     by ``id`` (the parent a node was scored under stays in the tree while the node does,
-    so a changed ``id`` always means a split).
+    so a changed ``id`` always means a split). The strategy memoises on it the node's
+    restore seconds per byte (``density``, with the host copy state ``backed`` it was
+    priced for; ``None`` after a split) and ``value ** weight`` (``value``, for the
+    ``hits`` and ``weight`` it was computed with).
     """
 
     __slots__ = ("owner", "parent_id", "signature", "creation_time", "probationary", "age",
-                 "build")
+                 "build", "backed", "density", "hits", "weight", "value")
 
     def __init__(self, owner: GhostLearning, node: Any, signature: tuple):
         self.owner, self.parent_id, self.signature = owner, id(node.parent), signature
         self.creation_time = node.creation_time
+        self.density = self.hits = None
 
 
 def ghost_signature(node: Any) -> tuple:
@@ -341,10 +347,20 @@ def ghost_signature(node: Any) -> tuple:
 
 
 def _backed_reader(node_type: type):
-    """HiCache's ``backuped`` property where the tree has one, else a plain attribute."""
-    if hasattr(node_type, "backuped"):
-        return lambda node: node.backuped
-    return lambda node: node.__dict__.get("backuped", False)
+    """Whether a node's KV has a host copy, as a bool.
+
+    On the unified tree (the one HiCache runs on) its Full component's host value, as its
+    ``backuped`` property reads it but without the property's enum lookup, which would
+    cost more than the rest of a score; elsewhere a ``backuped`` attribute where a node
+    has one (replays with a modelled host tier set it on the legacy tree's nodes).
+    """
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedTreeNode
+
+    if issubclass(node_type, UnifiedTreeNode):
+        full = int(ComponentType.FULL)
+        return lambda node: node.component_data[full].host_value is not None
+    return lambda node: bool(getattr(node, "backuped", False))
 
 
 def _clock_for(node_type: type):

@@ -304,19 +304,28 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
             per_element.restore_seconds_per_byte(a) / per_token.restore_seconds_per_byte(b), 1.0
         )
 
-    def test_memoised_cost_follows_splits_and_host_copies(self):
+    def test_memoised_cost_follows_splits_host_copies_and_hits(self):
         strategy = self.strategy(depth_aware=True)
         node = self.leaf(64, depth=64)
-        fresh = lambda: self.strategy(depth_aware=True).restore_seconds_per_byte(node)  # noqa: E731
+        fresh = lambda: self.strategy(depth_aware=True)  # noqa: E731
         strategy.get_priority(node)
-        self.assertEqual(node._mla_density[3], fresh())
+        memo = node._mla_seen
+        self.assertEqual(memo.density, fresh().restore_seconds_per_byte(node))
+        # A split: a new parent above, a shorter key (where the node ends stays).
+        upper = self.node(node.parent, 48, creation_time=node.creation_time)
+        node.parent, node.key = upper, node.key[48:]
+        strategy.get_priority(node)
+        self.assertEqual(memo.density, fresh().restore_seconds_per_byte(node))
         node.backuped = True  # HiCache wrote it through: now cheap to lose
         strategy.get_priority(node)
-        self.assertEqual(node._mla_density[3], fresh())
-        self.assertTrue(node._mla_density[2])
-        node.key = node.key[:16]  # a split moved the node's start down (its end stays)
-        strategy.get_priority(node)
-        self.assertEqual(node._mla_density[1:], (16, True, fresh()))
+        self.assertEqual((memo.backed, memo.density),
+                         (True, fresh().restore_seconds_per_byte(node)))
+        for hits in (3, 4):
+            node.hit_count = hits
+            age = time.monotonic() - node.last_access_time
+            ratio = strategy.get_priority(node)[0] / (-age / strategy.value(node))
+            self.assertAlmostEqual(ratio, 1.0, places=5)
+        self.assertIs(node._mla_seen, memo)
 
     def test_empty_node_goes_first(self):
         empty = self.leaf(0)
@@ -356,7 +365,7 @@ class TestGhostLearning(MockNodes, CustomTestCase):
     def test_starts_as_cost_weighted_lru(self):
         leaf = self.leaf(64, age=10.0, hits=2)
         on, off = self.strategy(), self.strategy(probation=False, value_weight=False)
-        self.assertIsNone(off.learning)
+        self.assertFalse(off.learning.learns_factor or off.learning.learns_weight)
         self.assertEqual((on.learning.factor, on.learning.weight), (1.0, 1.0))
         # Ages differ by the clock's drift between the two calls only.
         self.assertAlmostEqual(on.get_priority(leaf)[0] / off.get_priority(leaf)[0], 1.0, places=3)
