@@ -212,6 +212,8 @@ def plan(args, trace, cost):
                     "page_size": args.page_size,
                     "key_unit_tokens": args.block_size if args.mode == "sequential" else args.page_size,
                     "gpu_tflops": args.gpu_tflops, "h2d_gbps": args.h2d_gbps,
+                    # as the server fills it in: no host tier, no host copies to look for
+                    **({} if host_tokens else {"host_aware": False}),
                     **(policy_config or {}),
                 }
             configs.append(ReplayConfig(

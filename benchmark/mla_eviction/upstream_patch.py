@@ -296,6 +296,8 @@ _POLICY_CONFIG_CALL = '''\
             tp_size=parallel.tp_size,
             page_size=params.page_size,
             kv_cache_dtype=str(get_model().kv_cache_dtype),
+            host_copies=enable_hierarchical_cache
+            or get_disagg().disaggregation_decode_retraction_backup == "host_pool",
         )
 '''
 

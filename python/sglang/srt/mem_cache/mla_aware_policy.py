@@ -475,13 +475,16 @@ def mla_aware_policy_config(
     tp_size: int,
     page_size: int,
     kv_cache_dtype: str,
+    host_copies: bool = True,
 ) -> dict[str, Any]:
     """The ``mla_aware`` policy config for a served model, under the user's keys.
 
     The policy prices a node from the model's KV layout and prefill cost, so it is given
     the Hugging Face config, the TP size, the page size and the KV dtype. Keys set in
     ``--radix-eviction-policy-config`` win. A KV dtype the cost model does not price is
-    left to the model's own dtype ("auto").
+    left to the model's own dtype ("auto"). Where the tree keeps no host copies
+    (``host_copies`` False: no HiCache), ``host_aware`` is off: there is nothing to find,
+    and looking costs more than the rest of a score.
     """
     priced = ("fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16")
     return {
@@ -489,6 +492,7 @@ def mla_aware_policy_config(
         "tp_size": tp_size,
         "page_size": page_size,
         "kv_cache_dtype": kv_cache_dtype if kv_cache_dtype in priced else "auto",
+        **({} if host_copies else {"host_aware": False}),
         **(user_config or {}),
     }
 

@@ -97,6 +97,7 @@ def prepare_tree_cache(original: Callable, ctx: Any) -> Any:
             tp_size=ctx.tp_size,
             kv_cache_dtype=str(getattr(ctx.server_args, "kv_cache_dtype", "auto")),
             explicit=_policy_explicitly_set(),
+            host_copies=_host_copies(ctx),
         )
     return original(ctx)
 
@@ -108,6 +109,7 @@ def resolve_policy_params(
     tp_size: int,
     kv_cache_dtype: str,
     explicit: bool,
+    host_copies: bool = True,
 ) -> None:
     """Fill the policy config of ``params`` (a ``CacheInitParams``) for the served model.
 
@@ -137,6 +139,7 @@ def resolve_policy_params(
         tp_size=tp_size,
         page_size=params.page_size,
         kv_cache_dtype=kv_cache_dtype,
+        host_copies=host_copies,
     )
     if params.tree_core_backend != "python":
         logger.info(
@@ -144,6 +147,16 @@ def resolve_policy_params(
             "(the compiled tree core supports only the built-in policies)."
         )
         params.tree_core_backend = "python"
+
+
+def _host_copies(ctx: Any) -> bool:
+    """Whether the tree will keep host copies: when ``create_tree_cache`` attaches HiCache."""
+    from sglang.srt.runtime_context import get_disagg
+
+    return bool(
+        ctx.enable_hierarchical_cache
+        or get_disagg().disaggregation_decode_retraction_backup == "host_pool"
+    )
 
 
 def _policy_explicitly_set() -> bool:

@@ -131,11 +131,13 @@ class TestServerArgs(CustomTestCase):
 
 
 class TestResolvePolicyParams(CustomTestCase):
-    def resolve(self, model, *, explicit, config=None, tp_size=8, kv_cache_dtype="auto"):
+    def resolve(self, model, *, explicit, config=None, tp_size=8, kv_cache_dtype="auto",
+                host_copies=True):
         params = cache_params(config=config)
         resolve_policy_params(
             params, hf_config=dict(PRESETS[model]) if isinstance(model, str) else model,
             tp_size=tp_size, kv_cache_dtype=kv_cache_dtype, explicit=explicit,
+            host_copies=host_copies,
         )
         return params
 
@@ -166,6 +168,15 @@ class TestResolvePolicyParams(CustomTestCase):
         params = self.resolve("deepseek-v3", explicit=False, config=user)
         self.assertEqual(params.eviction_policy_config["tp_size"], 2)
         self.assertEqual(params.eviction_policy_config["hit_exponent"], 2.0)
+
+    def test_host_awareness_follows_host_copies(self):
+        with_host = self.resolve("deepseek-v3", explicit=False).eviction_policy_config
+        self.assertNotIn("host_aware", with_host)  # the policy's default: on
+        without = self.resolve("deepseek-v3", explicit=False, host_copies=False)
+        self.assertIs(without.eviction_policy_config["host_aware"], False)
+        forced = self.resolve("deepseek-v3", explicit=False, host_copies=False,
+                              config={"host_aware": True})
+        self.assertIs(forced.eviction_policy_config["host_aware"], True)
 
     def test_unknown_model(self):
         odd = {"model_type": "mystery"}
@@ -208,6 +219,7 @@ class TestCreateTreeCache(CustomTestCase):
         self.assertIsInstance(strategy, MLAAwareStrategy)
         self.assertEqual(strategy.cost_model.tp_size, 8)
         self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
+        self.assertFalse(strategy.host_aware)  # no HiCache: no host copies to look for
 
     def test_llama_keeps_lru(self):
         # Stock LRU on the stock tree core (the compiled one where it loads).
