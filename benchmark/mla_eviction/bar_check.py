@@ -13,7 +13,8 @@ prints one row per (check, source, capacity) with the measured numbers and PASS 
 - ``floor``: at every capacity, at most 0.5 points below the best built-in;
 - ``ttft``: with the host tier, modelled TTFT p50 at least 30 % below LRU's;
 - ``cpu``: the cache CPU time ``mla_aware`` adds per request over LRU (same run, Python
-  tree core) under 1 % of the mean modelled prefill time per request.
+  tree core; the least of ``--cpu-runs`` replays of each) under 1 % of the mean modelled
+  prefill time per request.
 
 The share of the LRU-to-bound gap closed is reported per row. The exit status is 0
 whatever the outcome (this is a report); 2 on bad arguments.
@@ -56,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
     p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
     p.add_argument("--jobs", type=int, default=replay.DEFAULT_JOBS)
+    p.add_argument("--cpu-runs", type=int, default=3,
+                   help="replays of LRU and mla_aware whose least cache CPU the cpu check takes")
     p.add_argument("--json", dest="json_path")
     p.add_argument("--markdown")
     p.add_argument("--no-progress", action="store_true")
@@ -64,14 +67,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [s for s in args.sources if s not in SOURCES]
     if unknown or not args.sources:
         p.error(f"--sources: unknown {unknown}; known: {', '.join(SOURCES)}")
+    if args.cpu_runs < 1:
+        p.error(f"--cpu-runs must be >= 1, got {args.cpu_runs}")
     return args
 
 
-def replay_source(name: str, args, host_tier: bool = False) -> list[dict]:
+def replay_source(name: str, args, host_tier: bool = False, policies: str = "") -> list[dict]:
     """Summaries of replay.py on one source (raises replay.UsageError on bad input): every
-    built-in, ``mla_aware`` and the bound; with ``host_tier``, LRU and ``mla_aware`` on a
-    4x host tier."""
-    policies = f"lru,{CANDIDATE}" if host_tier else ",".join((*BUILTINS, CANDIDATE, "optimal"))
+    built-in, ``mla_aware`` and the bound, or ``policies``; with ``host_tier``, LRU and
+    ``mla_aware`` on a 4x host tier."""
+    if not policies:
+        policies = f"lru,{CANDIDATE}" if host_tier else ",".join((*BUILTINS, CANDIDATE, "optimal"))
     rargs = replay.parse_args([
         *SOURCES[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
         "--capacity", args.capacity, "--policies", policies, "--jobs", str(args.jobs),
@@ -81,6 +87,27 @@ def replay_source(name: str, args, host_tier: bool = False) -> list[dict]:
     trace = replay.load_trace(rargs)
     cost = replay.build_cost_model(rargs)
     return replay.run_all(rargs, replay.plan(rargs, trace, cost), trace, cost)
+
+
+def least_cpu(name: str, args, results: list[dict]) -> list[dict]:
+    """``results`` with the cache CPU of LRU and the candidate lowered to the least of
+    ``args.cpu_runs`` replays (these and ``cpu_runs - 1`` more of the two).
+
+    One replay's CPU time moves by a third between runs on a shared machine; the least
+    of a few is the policy's cost with the least interference. Everything else a replay
+    measures is deterministic, so only ``cpu_us_per_request`` changes (``cpu_runs`` says
+    over how many runs).
+    """
+    least = {(r["policy"], r["capacity"]): r["cpu_us_per_request"] for r in results}
+    for _ in range(args.cpu_runs - 1):
+        for r in replay_source(name, args, policies=f"lru,{CANDIDATE}"):
+            key = (r["policy"], r["capacity"])
+            least[key] = min(least[key], r["cpu_us_per_request"])
+    return [
+        {**r, "cpu_us_per_request": least[(r["policy"], r["capacity"])], "cpu_runs": args.cpu_runs}
+        if r["policy"] in ("lru", CANDIDATE) else r
+        for r in results
+    ]
 
 
 def checks(source: str, results: list[dict], host_tier: bool = False) -> list[dict]:
@@ -113,6 +140,7 @@ def checks(source: str, results: list[dict], host_tier: bool = False) -> list[di
         added_us = mla["cpu_us_per_request"] - lru["cpu_us_per_request"]
         prefill_us = 1e3 * mla["prefill_ms_per_request"]
         rows.append({**row, "check": "cpu", "added_cpu_us": added_us, "prefill_us": prefill_us,
+                     "cpu_runs": mla.get("cpu_runs", 1),
                      "pass": added_us < CPU_SHARE * prefill_us})
     return rows
 
@@ -136,7 +164,9 @@ def markdown(rows: list[dict]) -> str:
                 "" if r["applies"] else f" (headroom < {MIN_HEADROOM:.0f} pts)")
         else:
             ref = f"prefill {r['prefill_us'] / 1e3:.1f} ms/request"
-            got = f"{r['added_cpu_us']:+.0f} µs/request over LRU"
+            runs = r["cpu_runs"]
+            got = f"{r['added_cpu_us']:+.0f} µs/request over LRU" + (
+                f" (least of {runs} runs)" if runs > 1 else "")
         gap = r.get("gap_closed")
         gap_text = "" if gap is None else f", gap closed {100 * gap:.0f} %"
         lines.append(f"| {kind} | {r['source']} | {r['capacity']} | {r['candidate']:.2f} %"
@@ -151,7 +181,7 @@ def main(argv=None) -> int:
     rows, raw = [], {}
     try:
         for name in args.sources:
-            raw[name] = replay_source(name, args)
+            raw[name] = least_cpu(name, args, replay_source(name, args))
             rows += checks(name, raw[name])
         if not args.no_host_tier and "mooncake" in args.sources:
             raw["mooncake+host4x"] = replay_source("mooncake", args, host_tier=True)

@@ -5,6 +5,7 @@ import io
 import sys
 import unittest
 from pathlib import Path
+from types import SimpleNamespace
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -58,6 +59,28 @@ class TestChecks(CustomTestCase):
         self.assertTrue(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=599.0)))["cpu"]["pass"])
         self.assertFalse(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=600.0)))["cpu"]["pass"])
 
+    def test_cpu_is_the_least_of_the_runs(self):
+        first = group("10%", 20.0, cpu=900.0)
+        later = iter([[summary("lru", "10%", 20.0, cpu=80.0), summary("mla_aware", "10%", 20.0, cpu=950.0)],
+                      [summary("lru", "10%", 20.0, cpu=120.0), summary("mla_aware", "10%", 20.0, cpu=700.0)]])
+        calls = []
+
+        def fake_replay(name, args, host_tier=False, policies=""):
+            calls.append(policies)
+            return next(later)
+
+        saved, bar_check.replay_source = bar_check.replay_source, fake_replay
+        try:
+            out = bar_check.least_cpu("t", SimpleNamespace(cpu_runs=3), first)
+        finally:
+            bar_check.replay_source = saved
+        self.assertEqual(calls, ["lru,mla_aware"] * 2)
+        cpu = {r["policy"]: (r["cpu_us_per_request"], r.get("cpu_runs")) for r in out}
+        self.assertEqual(cpu["lru"], (80.0, 3))
+        self.assertEqual(cpu["mla_aware"], (700.0, 3))
+        self.assertEqual(cpu["lfu"], (100.0, None))  # other policies as replayed once
+        self.assertEqual(self.by_check(bar_check.checks("t", out))["cpu"]["added_cpu_us"], 620.0)
+
     def test_ttft_cut_with_a_host_tier(self):
         rows = [summary("lru", "5%", 20.0, p50=1.0), summary("mla_aware", "5%", 30.0, p50=0.7)]
         (row,) = bar_check.checks("t", rows, host_tier=True)
@@ -87,7 +110,8 @@ class TestCli(CustomTestCase):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
             status = bar_check.main(["--sources", "chat", "--num-requests", "120", "--seed", "1",
-                                     "--capacity", "5%", "--jobs", "1", "--no-progress"])
+                                     "--capacity", "5%", "--jobs", "1", "--cpu-runs", "2",
+                                     "--no-progress"])
         self.assertEqual(status, 0)
         text = out.getvalue()
         for check in ("floor", "gain", "cpu"):
