@@ -1,0 +1,107 @@
+"""What one eviction score costs, timed on a real tree's leaves, and how many a request needs.
+
+    python benchmark/mla_eviction/score_cost.py --workload few-shot --capacity 5%,25%
+
+Takes replay.py's source and capacity arguments (the shipped trace by default). For each
+capacity it replays the source with ``mla_aware`` through the real unified tree, counting
+the scores the tree asks for, then scores the tree's evictable leaves at the end, LRU and
+the replay's own ``mla_aware`` strategy in turn, ``--rounds`` times, and prints the least
+nanoseconds per score of each and their difference times the scores per request: the
+scoring CPU the policy adds per request. Taking turns within milliseconds keeps the
+machine's slow spells out of the difference, which one replay's cache CPU cannot (it moves
+by a third between runs; see docs/advanced_features/mla_aware_eviction.md). The leaves
+are warm in the CPU's caches here, so a replay pays more per score; this is the floor.
+Exit status 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay  # noqa: E402
+
+POLICY = "mla_aware"
+
+
+def measure(trace, cost, config, rounds: int) -> dict:
+    """Replay ``config`` (an ``mla_aware`` ReplayConfig) counting scores; time both policies."""
+    from sglang.srt.mem_cache.evict_policy import LRUStrategy
+    from simulator import Replayer, _strategy_owner
+
+    replayer = Replayer(trace, cost, config)
+    strategy = replayer.strategy
+    scores = 0
+    score = strategy.get_priority
+
+    def counted(node):
+        nonlocal scores
+        scores += 1
+        return score(node)
+
+    strategy.get_priority = counted  # the tree looks the method up on its strategy
+    result = replayer.run()
+    del strategy.get_priority
+    leaves = list(_strategy_owner(replayer.cache).evictable_device_leaves)
+    lru = LRUStrategy().get_priority
+    best = {"lru": float("inf"), POLICY: float("inf")}
+    for _ in range(rounds if leaves else 0):
+        for name, fn in (("lru", lru), (POLICY, score)):
+            seconds = timeit.timeit(lambda: [fn(n) for n in leaves], number=10)
+            best[name] = min(best[name], seconds / (10 * len(leaves)))
+    per_request = scores / max(result.requests, 1)
+    added = per_request * (best[POLICY] - best["lru"]) if leaves else 0.0
+    return {
+        "capacity": config.capacity_label,
+        "leaves": len(leaves),
+        "scores_per_request": per_request,
+        "lru_ns": 1e9 * best["lru"] if leaves else None,
+        "mla_aware_ns": 1e9 * best[POLICY] if leaves else None,
+        "added_us_per_request": 1e6 * added,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| capacity | leaves at the end | scores per request | LRU ns/score | "
+             "mla_aware ns/score | scoring added per request |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ns = (f"{r['lru_ns']:.0f} | {r['mla_aware_ns']:.0f}" if r["leaves"] else "— | —")
+        lines.append(f"| {r['capacity']} | {r['leaves']} | {r['scores_per_request']:.1f} | {ns} | "
+                     f"{r['added_us_per_request']:.0f} µs |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
+    p.add_argument("--rounds", type=int, default=5, help="turns of timing each policy")
+    own, rest = p.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print(__doc__)
+        return 0
+    try:
+        if own.rounds < 1:
+            raise replay.UsageError(f"--rounds must be >= 1, got {own.rounds}")
+        if any(a.startswith("--polic") for a in rest):
+            raise replay.UsageError("--policies/--policy-config: this tool times mla_aware's defaults")
+        args = replay.parse_args([*rest, "--policies", POLICY, "--no-progress"])
+        if args.cache != "unified" or args.host_tier:
+            raise replay.UsageError("times the unified tree without a host tier (SGLang's default)")
+        trace = replay.load_trace(args)
+        cost = replay.build_cost_model(args)
+        configs = replay.plan(args, trace, cost)
+    except replay.UsageError as e:
+        print(f"score_cost.py: error: {e}", file=sys.stderr)
+        return 2
+    from sglang.srt.mem_cache.mla_eviction_plugin import register
+
+    register()
+    print(markdown([measure(trace, cost, c, own.rounds) for c in configs]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
