@@ -114,7 +114,8 @@ def resolve_policy_params(
     """Fill the policy config of ``params`` (a ``CacheInitParams``) for the served model.
 
     Keys the user set in ``--radix-eviction-policy-config`` win. For a model whose
-    attention is not MLA/DSA the flag alone keeps LRU (``explicit`` False).
+    attention is not MLA/DSA the flag alone keeps LRU (``explicit`` False). Without host
+    copies in the tree (``host_copies`` False) the policy does not look for them.
     """
     try:
         kind = KVCostModel.from_config(hf_config).attention
