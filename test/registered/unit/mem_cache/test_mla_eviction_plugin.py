@@ -20,6 +20,7 @@ from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
 from sglang.srt.mem_cache.mla_cost_model import PRESETS, ModelConfigError
 from sglang.srt.mem_cache.mla_eviction_plugin import (
     FLAG,
+    _host_copies,
     add_flag,
     apply_flag,
     prepare_tree_cache,
@@ -220,6 +221,12 @@ class TestCreateTreeCache(CustomTestCase):
         self.assertEqual(strategy.cost_model.tp_size, 8)
         self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
         self.assertFalse(strategy.host_aware)  # no HiCache: no host copies to look for
+
+    def test_host_copies_follow_hicache(self):
+        reset_context()
+        publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
+        self.assertTrue(_host_copies(SimpleNamespace(enable_hierarchical_cache=True)))
+        self.assertFalse(_host_copies(SimpleNamespace(enable_hierarchical_cache=False)))
 
     def test_llama_keeps_lru(self):
         # Stock LRU on the stock tree core (the compiled one where it loads).
