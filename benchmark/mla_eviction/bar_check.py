@@ -84,9 +84,8 @@ def replay_source(name: str, args, host_tier: bool = False, policies: str = "") 
         *(["--host-tier", "4x"] if host_tier else []),
         *(["--no-progress"] if args.no_progress else []),
     ])
-    trace = replay.load_trace(rargs)
-    cost = replay.build_cost_model(rargs)
-    return replay.run_all(rargs, replay.plan(rargs, trace, cost), trace, cost)
+    trace, cost, configs = replay.prepare(rargs)
+    return replay.run_all(rargs, configs, trace, cost)
 
 
 def least_cpu(name: str, args, results: list[dict]) -> list[dict]:

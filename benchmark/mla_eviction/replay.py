@@ -225,6 +225,13 @@ def plan(args, trace, cost):
     return configs
 
 
+def prepare(args):
+    """The trace, cost model and replay configs ``args`` describe (UsageError on bad input)."""
+    trace = load_trace(args)
+    cost = build_cost_model(args)
+    return trace, cost, plan(args, trace, cost)
+
+
 _WORKER = {}
 
 
@@ -339,9 +346,7 @@ def _write_atomic(path: str, text_or_writer) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        trace = load_trace(args)
-        cost = build_cost_model(args)
-        configs = plan(args, trace, cost)
+        trace, cost, configs = prepare(args)
     except UsageError as e:
         print(f"replay.py: error: {e}", file=sys.stderr)
         return 2

@@ -90,9 +90,7 @@ def main(argv=None) -> int:
         args = replay.parse_args([*rest, "--policies", POLICY, "--no-progress"])
         if args.cache != "unified" or args.host_tier:
             raise replay.UsageError("times the unified tree without a host tier (SGLang's default)")
-        trace = replay.load_trace(args)
-        cost = replay.build_cost_model(args)
-        configs = replay.plan(args, trace, cost)
+        trace, cost, configs = replay.prepare(args)
     except replay.UsageError as e:
         print(f"score_cost.py: error: {e}", file=sys.stderr)
         return 2

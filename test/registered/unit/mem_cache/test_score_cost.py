@@ -29,8 +29,7 @@ class TestMeasure(CustomTestCase):
     def setUpClass(cls):
         register()
         args = replay.parse_args([*SOURCE, "--policies", "mla_aware", "--no-progress"])
-        cls.trace, cls.cost = replay.load_trace(args), replay.build_cost_model(args)
-        (cls.config,) = replay.plan(args, cls.trace, cls.cost)
+        cls.trace, cls.cost, (cls.config,) = replay.prepare(args)
 
     def test_counts_every_score_the_tree_asks_for(self):
         row = score_cost.measure(self.trace, self.cost, self.config, rounds=1)
