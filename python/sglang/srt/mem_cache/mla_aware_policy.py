@@ -335,7 +335,8 @@ class _Seen:
     def __init__(self, owner: GhostLearning, node: Any, signature: tuple):
         self.owner, self.parent_id, self.signature = owner, id(node.parent), signature
         self.creation_time = node.creation_time
-        self.density = self.hits = None
+        self.backed = False  # the strategy's memo: unpriced until its first score
+        self.density = self.hits = self.weight = self.value = None
 
 
 def ghost_signature(node: Any) -> tuple:
