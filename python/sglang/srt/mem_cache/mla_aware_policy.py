@@ -179,12 +179,13 @@ class GhostLearning:
       victim coming back means probation was too harsh, ``log_factor`` falls by ``STEP``;
       a proven one means it was too lenient, it rises by ``STEP``.
       ``factor = exp(log_factor)`` stays within ``[1, MAX_FACTOR]``.
-    - **Value weight**: a victim that was *old* when last scored (at least ``OLD`` of the
-      oldest age in its heap build) would have gone under LRU too, so the value should
-      count for more: ``weight`` rises by ``WEIGHT_STEP * (1 - RHO)``; a young one was
-      evicted for its low value, so it falls by ``WEIGHT_STEP * RHO``. ``weight`` stays
-      within ``WEIGHT_BOUNDS`` and settles where a share ``RHO`` of returning victims
-      are old.
+    - **Value weight**: a proven victim that was *old* when last scored (at least ``OLD``
+      of the oldest age in its heap build) would have gone under LRU too, so the value
+      should count for more: ``weight`` rises by ``WEIGHT_STEP * (1 - RHO)``; a young
+      probationary one was evicted for its low value, so it falls by
+      ``WEIGHT_STEP * RHO``; the mixed cases teach the weight nothing. ``weight`` stays
+      within ``WEIGHT_BOUNDS`` and settles where a share ``RHO`` of the victims that move
+      it are old and proven.
 
     Heap builds: a tree scores each evictable leaf once per build (``RadixCache.evict``,
     the unified tree's ``evict_device_start``), so a node scored twice in the current
@@ -284,7 +285,10 @@ class GhostLearning:
         if oldest:
             old = 1 if victim.age >= self.OLD * oldest else 0
             self.returns_by_age[old] += 1
-            if self.learns_weight:
+            # Only unambiguous evidence moves the weight: an old proven victim (value and
+            # hits should have kept it) or a young probationary one (its low value
+            # evicted it early). An old probationary or young proven victim does not.
+            if self.learns_weight and old != victim.probationary:
                 self._weight_step += self.WEIGHT_STEP * ((1 - self.RHO) if old else -self.RHO)
                 self._dirty = True
 

@@ -421,13 +421,15 @@ class TestGhostLearning(MockNodes, CustomTestCase):
             learnt.append((learning.log_factor, learning.weight))
         self.assertAlmostEqual(learnt[0][0], GhostLearning.STEP)
         # Ages 0..40 in one build: 20, 30 and 40 were old (>= half of 40), 0 and 10 young.
+        # Only the proven one of age 20 is unambiguous (old and proven): one step up.
         w = GhostLearning.WEIGHT_STEP
-        self.assertAlmostEqual(learnt[0][1], 1 + w * (3 * (1 - GhostLearning.RHO) - 2 * GhostLearning.RHO))
+        self.assertAlmostEqual(learnt[0][1], 1 + w * (1 - GhostLearning.RHO))
         self.assertEqual(learnt[0], learnt[1])
 
-    def test_old_victim_raises_the_weight_young_one_lowers_it(self):
+    def test_old_proven_victim_raises_the_weight_young_probationary_one_lowers_it(self):
         learning = GhostLearning()
-        old, young = self.leaf(64, first=1), self.leaf(64, first=2)
+        old = self.proven_prefix(learning, first=1)
+        young = self.leaf(64, first=2)
         learning.see(old, 0.0, 100.0)
         learning.see(young, 0.0, 10.0)
         learning.see(self.comeback(old), 1.0, 0.0)
@@ -439,6 +441,18 @@ class TestGhostLearning(MockNodes, CustomTestCase):
         learning.see(bystander, 4.0, 0.0)
         self.assertAlmostEqual(learning.weight, up - GhostLearning.WEIGHT_STEP * GhostLearning.RHO)
         self.assertEqual(learning.returns_by_age, [1, 1])
+
+    def test_mixed_victims_leave_the_weight(self):
+        learning = GhostLearning()
+        young = self.proven_prefix(learning, first=1)
+        old = self.leaf(64, first=2)
+        learning.see(young, 0.0, 10.0)
+        learning.see(old, 0.0, 100.0)
+        learning.see(self.comeback(young), 1.0, 0.0)  # young but proven
+        learning.see(self.comeback(old), 1.0, 0.0)  # old but probationary
+        learning.see(self.leaf(4, first=77), 2.0, 0.0)  # the clock moved: applied
+        self.assertEqual(learning.weight, 1.0)
+        self.assertEqual((learning.returns, learning.returns_by_age), ([1, 1], [1, 1]))
 
     def test_victim_is_judged_against_its_own_heap_build(self):
         # A wall clock: every score reads a new time. Scoring `keeper` again starts the
