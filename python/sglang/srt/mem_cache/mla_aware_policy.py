@@ -24,9 +24,10 @@ the tree counts time in seconds (``RadixCache``) or in logical ticks
 have hung under it, or it came back after being evicted) and ``B >= 1`` for a
 *probationary* one; as ARC sizes its recency and frequency lists, a probationary victim
 returning lowers ``B`` (toward cost-weighted LRU), a proven one raises it (toward SLRU's
-strict protection). ``weight`` says how much value counts against recency: a victim that
-was among the oldest leaves when it went raises it (LRU would have lost it too), a young
-one lowers it (value evicted it early). Both start at 1.
+strict protection). ``weight`` says how much value counts against recency: a proven victim
+that was among the oldest leaves when it went raises it (LRU would have lost it too, and
+its sharing should have kept it), a young probationary one lowers it (its low value
+evicted it early); the mixed cases leave it. Both start at 1.
 
 The strategy only scores; the cache decides how much to free, so the number of tokens
 evicted for an allocation is exactly what it is under LRU.
