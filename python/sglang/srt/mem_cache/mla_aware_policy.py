@@ -168,7 +168,8 @@ class GhostLearning:
 
     Every node the strategy scores gets a :class:`_Seen` record: its ghost signature,
     whether it is *proven* (two different children have been scored under it, or it came
-    back after being evicted) or *probationary*, and its age at its last score with the
+    back after being evicted; the upper half of a split stands in for the child it was
+    split from, it is no second child) or *probationary*, and its age at its last score with the
     heap build of that score. Records stay in a table by signature after their node is
     gone (``MAX_GHOSTS`` of them, oldest first sight forgotten first). A node scored for
     the first time whose signature matches a record with a different ``creation_time``
@@ -253,6 +254,7 @@ class GhostLearning:
             seen.parent_id, seen.signature = id(node.parent), ghost_signature(node)
             seen.density = None  # a shorter key: price it again
             self._remember(seen)
+            node.parent._mla_split_upper = True  # it takes this node's place: see _first_sight
             self._count_child(node.parent)
         elif seen.build == self._build:
             self._new_build()
@@ -270,8 +272,25 @@ class GhostLearning:
         seen = node._mla_seen = _Seen(self, node, signature)
         seen.probationary = not came_back and node.__dict__.get("_mla_children", 0) < 2
         self._remember(seen)
-        self._count_child(node.parent)
+        if not self._split_upper(node):
+            self._count_child(node.parent)
         return seen
+
+    def _split_upper(self, node: Any) -> bool:
+        """Whether ``node`` is the upper half of a split of a node already counted as a
+        child of ``node.parent``: it stands in that child's place there, not beside it.
+
+        Known when the lower half was scored since the split (it marks its new parent),
+        or from the lower half's record still naming ``node.parent``.
+        """
+        if node.__dict__.get("_mla_split_upper"):
+            return True
+        grandparent = id(node.parent)
+        for child in getattr(node, "children", {}).values():
+            seen = child.__dict__.get("_mla_seen")
+            if seen is not None and seen.owner is self and seen.parent_id == grandparent:
+                return True
+        return False
 
     def _learn(self, victim: "_Seen") -> None:
         """``victim`` came back: one step for each part switched on."""

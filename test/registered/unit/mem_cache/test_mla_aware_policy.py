@@ -520,6 +520,25 @@ class TestGhostLearning(MockNodes, CustomTestCase):
         self.assertEqual(learning.returns, [0, 0])
         self.assertEqual(upper._mla_children, 1)
 
+    def test_upper_half_of_a_split_is_no_second_child(self):
+        # Whichever half is scored first after the split, the grandparent keeps one child.
+        for lower_first in (True, False):
+            with self.subTest(lower_first=lower_first):
+                learning = GhostLearning()
+                prefix = self.leaf(64, first=1)
+                node = self.leaf(16, parent=prefix, first=2)
+                learning.see(prefix, 0.0, 0.0)
+                learning.see(node, 0.0, 0.0)
+                upper = self.node(prefix, 8, 2, children={0: node})
+                node.parent, node.key = upper, node.key[8:]  # what a split does
+                halves = (node, upper) if lower_first else (upper, node)
+                for half in halves:
+                    learning.see(half, 1.0, 0.0)
+                self.assertEqual((prefix._mla_children, upper._mla_children), (1, 1))
+                self.assertTrue(prefix._mla_seen.probationary)
+                learning.see(self.leaf(8, parent=prefix, first=3), 2.0, 0.0)
+                self.assertFalse(prefix._mla_seen.probationary)  # a second child proves it
+
     def test_memory_is_bounded(self):
         learning = GhostLearning()
         learning.MAX_GHOSTS, learning.MAX_BUILDS = 8, 4
