@@ -170,9 +170,9 @@ class GhostLearning:
     whether it is *proven* (two different children have been scored under it, or it came
     back after being evicted; the upper half of a split stands in for the child it was
     split from, it is no second child) or *probationary*, and its age at its last score
-    with the heap build of that score. Records stay in a table by signature after their node is
-    gone (``MAX_GHOSTS`` of them, oldest first sight forgotten first). A node scored for
-    the first time whose signature matches a record with a different ``creation_time``
+    with the heap build of that score. Records stay in a table by signature after their
+    node is gone (``MAX_GHOSTS`` of them, oldest first sight forgotten first). A node scored
+    for the first time whose signature matches a record with a different ``creation_time``
     is a victim that came back, a miss the policy caused (a split keeps
     ``creation_time``, so the upper half of a split is no match). Each one teaches two
     things:

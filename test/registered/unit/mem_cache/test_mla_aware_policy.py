@@ -362,6 +362,14 @@ class TestGhostLearning(MockNodes, CustomTestCase):
             learning.see(self.leaf(8, parent=prefix, first=child), now, 0.0)
         return prefix
 
+    def proven_and_probationary(self, learning, proven_age, probationary_age):
+        """A proven prefix and a probationary leaf, scored in one build at these ages."""
+        proven = self.proven_prefix(learning, first=1)
+        probationary = self.leaf(64, first=2)
+        learning.see(proven, 0.0, proven_age)
+        learning.see(probationary, 0.0, probationary_age)
+        return proven, probationary
+
     def test_starts_as_cost_weighted_lru(self):
         leaf = self.leaf(64, age=10.0, hits=2)
         on, off = self.strategy(), self.strategy(probation=False, value_weight=False)
@@ -428,10 +436,7 @@ class TestGhostLearning(MockNodes, CustomTestCase):
 
     def test_old_proven_victim_raises_the_weight_young_probationary_one_lowers_it(self):
         learning = GhostLearning()
-        old = self.proven_prefix(learning, first=1)
-        young = self.leaf(64, first=2)
-        learning.see(old, 0.0, 100.0)
-        learning.see(young, 0.0, 10.0)
+        old, young = self.proven_and_probationary(learning, 100.0, 10.0)
         learning.see(self.comeback(old), 1.0, 0.0)
         bystander = self.leaf(4, first=77)
         learning.see(bystander, 2.0, 0.0)  # the clock moved: applied
@@ -444,10 +449,7 @@ class TestGhostLearning(MockNodes, CustomTestCase):
 
     def test_mixed_victims_leave_the_weight(self):
         learning = GhostLearning()
-        young = self.proven_prefix(learning, first=1)
-        old = self.leaf(64, first=2)
-        learning.see(young, 0.0, 10.0)
-        learning.see(old, 0.0, 100.0)
+        young, old = self.proven_and_probationary(learning, 10.0, 100.0)
         learning.see(self.comeback(young), 1.0, 0.0)  # young but proven
         learning.see(self.comeback(old), 1.0, 0.0)  # old but probationary
         learning.see(self.leaf(4, first=77), 2.0, 0.0)  # the clock moved: applied
