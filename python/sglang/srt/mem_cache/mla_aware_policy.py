@@ -13,11 +13,17 @@ other: a long node is worth more per byte than a short one); with ``depth_aware`
 true positions ``[start, end)``, where prefill work grows with depth. Depth pricing is off
 by default: on every trace measured, the deep tails it would keep are the least reused
 (docs/advanced_features/mla_aware_eviction.md, ablations).
-``reuse`` is ``(1 + hit_count) ** hit_exponent``. Dividing the node's age by its value
-makes this a cost- and frequency-weighted LRU: a node twice as valuable may sit idle
-twice as long. Ages are ratios of one clock, so the order does not depend on whether
-the tree counts time in seconds (``RadixCache``) or in logical ticks
-(``UnifiedRadixCache``).
+``reuse`` is ``(1 + hits) ** hit_exponent``. A tree counts a hit on every node a
+request's prefix walks over, so ``hits`` is ``hit_count``, except that with ``hit_cap`` a
+node that has had children counts at most ``children + 1``: a prefix shared by many
+requests gains a child for each request that branches below it (its ``hit_count`` is about
+``children + 1``), while a session's later turns walk through every node of its history
+without branching, and those extra hits say nothing of reuse once the session has ended
+(measured in docs/advanced_features/mla_aware_eviction.md). A leaf's hits (a repeated
+prompt) all count. Dividing the node's age by its value makes this a cost- and
+frequency-weighted LRU: a node twice as valuable may sit idle twice as long. Ages are
+ratios of one clock, so the order does not depend on whether the tree counts time in
+seconds (``RadixCache``) or in logical ticks (``UnifiedRadixCache``).
 
 ``factor`` and ``weight`` are learnt online from victims that come back
 (:class:`GhostLearning`). ``factor`` is 1 for a *proven* node (two different children
@@ -65,6 +71,7 @@ _SETUP_KEYS = {
 }
 _TUNABLE_KEYS = {
     "hit_exponent": ((int, float), 1.0),
+    "hit_cap": (bool, True),
     "depth_aware": (bool, False),
     "host_aware": (bool, True),
     "probation": (bool, True),
@@ -84,6 +91,7 @@ class MLAAwareStrategy(EvictionStrategy):
         cost_model: KVCostModel,
         *,
         hit_exponent: float = 1.0,
+        hit_cap: bool = True,
         depth_aware: bool = False,
         host_aware: bool = True,
         probation: bool = True,
@@ -93,6 +101,7 @@ class MLAAwareStrategy(EvictionStrategy):
         self.cost_model = cost_model
         self.key_unit_tokens = key_unit_tokens
         self.hit_exponent = float(hit_exponent)
+        self.hit_cap = hit_cap
         self.depth_aware = depth_aware
         self.host_aware = host_aware
         self.learning = GhostLearning(probation=probation, value_weight=value_weight)
@@ -122,7 +131,7 @@ class MLAAwareStrategy(EvictionStrategy):
         seen = learning.see(node, now, age)
         if seen.density is None or (self.host_aware and seen.backed != self._is_backed(node)):
             self._price(node, seen)
-        hits, weight = node.hit_count, learning.weight
+        hits, weight = self.reuse_hits(node), learning.weight
         if hits != seen.hits or weight != seen.weight:
             seen.hits, seen.weight = hits, weight
             seen.value = (seen.density * (1 + hits) ** self.hit_exponent) ** weight
@@ -132,8 +141,18 @@ class MLAAwareStrategy(EvictionStrategy):
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def value(self, node: Any) -> float:
-        """Restore seconds per byte times ``(1 + hit_count) ** hit_exponent``."""
-        return self.restore_seconds_per_byte(node) * (1 + node.hit_count) ** self.hit_exponent
+        """Restore seconds per byte times ``(1 + reuse_hits) ** hit_exponent``."""
+        return self.restore_seconds_per_byte(node) * (1 + self.reuse_hits(node)) ** self.hit_exponent
+
+    def reuse_hits(self, node: Any) -> int:
+        """``node.hit_count``; with ``hit_cap``, at most ``children + 1`` on a node that has
+        had children (children as :meth:`GhostLearning.children` counts them)."""
+        hits = node.hit_count
+        if self.hit_cap:
+            children = GhostLearning.children(node)
+            if children and hits > children + 1:
+                return children + 1
+        return hits
 
     def restore_seconds_per_byte(self, node: Any) -> float:
         """Restore time of the node's tokens over the bytes they hold (page-rounded)."""
@@ -270,7 +289,7 @@ class GhostLearning:
         if came_back:
             self._learn(victim)
         seen = node._mla_seen = _Seen(self, node, signature)
-        seen.probationary = not came_back and node.__dict__.get("_mla_children", 0) < 2
+        seen.probationary = not came_back and self.children(node) < 2
         self._remember(seen)
         if not self._split_upper(node):
             self._count_child(node.parent)
@@ -312,11 +331,17 @@ class GhostLearning:
                 self._weight_step += self.WEIGHT_STEP * ((1 - self.RHO) if old else -self.RHO)
                 self._dirty = True
 
+    @staticmethod
+    def children(node: Any) -> int:
+        """Children scored under ``node`` so far, by any learning (the upper half of a split
+        stands in for the child it was split from; a victim that came back counts again)."""
+        return node.__dict__.get("_mla_children", 0)
+
     def _count_child(self, parent: Any) -> None:
         """One more child scored under ``parent``; the second one proves it."""
         if parent is None:
             return
-        children = parent._mla_children = parent.__dict__.get("_mla_children", 0) + 1
+        children = parent._mla_children = self.children(parent) + 1
         seen = parent.__dict__.get("_mla_seen")
         if children == 2 and seen is not None and seen.owner is self:
             seen.probationary = False

@@ -295,6 +295,27 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
         flat = self.strategy(hit_exponent=0)
         self.assertLess(flat.get_priority(hot), flat.get_priority(cold))
 
+    def test_hits_count_up_to_children_plus_one_on_a_node_with_children(self):
+        # A session's history: 6 hits, all walking on into its one child. A shared prefix:
+        # 3 hits, one per child branching below it (and its own insert). A repeated leaf.
+        strategy = self.strategy()
+        history = self.node(self.root, 32, hit_count=6)
+        shared = self.node(self.root, 32, 1, hit_count=3)
+        repeated = self.leaf(32, hits=6, first=2)
+        for child in (self.leaf(16, parent=history, first=3),
+                      self.leaf(16, parent=shared, first=4), self.leaf(16, parent=shared, first=5)):
+            strategy.get_priority(child)  # scoring a child is how its parent's children count
+        nodes = (history, shared, repeated)
+        self.assertEqual([GhostLearning.children(n) for n in nodes], [1, 2, 0])
+        self.assertEqual([strategy.reuse_hits(n) for n in nodes], [2, 3, 6])
+        uncapped = self.strategy(hit_cap=False)
+        self.assertEqual([uncapped.reuse_hits(n) for n in nodes], [6, 3, 6])
+        history.last_access_time = repeated.last_access_time = self.now - 10.0
+        for n in (history, repeated):
+            ratio = strategy.get_priority(n)[0] / (-10.0 / strategy.value(n))
+            self.assertAlmostEqual(ratio, 1.0, places=3)  # the score uses the capped hits
+        self.assertLess(strategy.get_priority(history), strategy.get_priority(repeated))
+
     def test_key_unit_tokens_scales_depth_and_bytes(self):
         per_element = self.strategy(key_unit_tokens=64, depth_aware=True)
         per_token = self.strategy(depth_aware=True)
@@ -576,6 +597,7 @@ class TestPolicyConfig(CustomTestCase):
         cfg = parse_policy_config(None)
         self.assertEqual(cfg["model"], "deepseek-v3")
         self.assertEqual(cfg["hit_exponent"], 1.0)
+        self.assertTrue(cfg["hit_cap"])
         self.assertTrue(cfg["probation"])
         self.assertTrue(cfg["value_weight"])
         strategy = create_mla_aware_strategy()
