@@ -232,6 +232,22 @@ def prepare(args):
     return trace, cost, plan(args, trace, cost)
 
 
+def prepare_unified_mla_aware(argv: list[str], *, policy: str, policy_config=None):
+    """``prepare`` for a tool that replays ``mla_aware`` alone on the unified tree without a
+    host tier (SGLang's default set-up) from replay.py's source and capacity arguments
+    ``argv``; ``policy_config`` (a dict) fixes the policy's keys. Raises UsageError on bad
+    input, or naming ``policy`` (what the tool replays) when ``argv`` picks policies, the
+    legacy tree or a host tier."""
+    if any(a.startswith("--polic") for a in argv):
+        raise UsageError(f"--policies/--policy-config: this tool replays {policy}")
+    config = ["--policy-config", json.dumps(policy_config)] if policy_config else []
+    args = parse_args([*argv, "--policies", "mla_aware", *config, "--no-progress"])
+    if args.cache != "unified" or args.host_tier:
+        raise UsageError(f"this tool replays {policy} on the unified tree without a host tier "
+                         "(SGLang's default)")
+    return prepare(args)
+
+
 _WORKER = {}
 
 

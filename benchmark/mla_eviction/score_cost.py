@@ -85,12 +85,8 @@ def main(argv=None) -> int:
     try:
         if own.rounds < 1:
             raise replay.UsageError(f"--rounds must be >= 1, got {own.rounds}")
-        if any(a.startswith("--polic") for a in rest):
-            raise replay.UsageError("--policies/--policy-config: this tool times mla_aware's defaults")
-        args = replay.parse_args([*rest, "--policies", POLICY, "--no-progress"])
-        if args.cache != "unified" or args.host_tier:
-            raise replay.UsageError("times the unified tree without a host tier (SGLang's default)")
-        trace, cost, configs = replay.prepare(args)
+        trace, cost, configs = replay.prepare_unified_mla_aware(
+            rest, policy="mla_aware's defaults")
     except replay.UsageError as e:
         print(f"score_cost.py: error: {e}", file=sys.stderr)
         return 2

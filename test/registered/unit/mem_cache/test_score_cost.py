@@ -63,7 +63,7 @@ class TestCli(CustomTestCase):
 
     def test_bad_arguments_exit_2(self):
         for argv, message in ((["--rounds", "0"], "--rounds must be >= 1"),
-                              (["--policies", "lru"], "times mla_aware's defaults"),
+                              (["--policies", "lru"], "replays mla_aware's defaults"),
                               (["--host-tier", "4x"], "without a host tier"),
                               (["--capacity", "0%"], "must be in (0%, 100%]")):
             with self.subTest(argv=argv):

@@ -1,0 +1,136 @@
+"""Which evicted nodes come back, by their hits and their children: the evidence for ``hit_cap``.
+
+    python benchmark/mla_eviction/reuse_by_branching.py --workload multi-turn --capacity 10%,25%
+
+Takes replay.py's source and capacity arguments (the shipped trace by default). For each
+capacity it replays the source through the real unified tree with ``mla_aware`` reduced to
+cost-weighted LRU (no hits, no learning, so which node goes does not depend on what is
+counted here) and notes every victim's ``hit_count`` and its children (as
+``GhostLearning.children`` counts them); a victim *comes back* when the same content is
+inserted again under the same parent later in the replay (``GhostLearning``'s ghost
+match). It prints, per capacity, victims and the share that came back by hits and
+children, and the share of the victims ``hit_cap`` caps (more hits than children + 1, on
+a node that has had children) that came back against the share of victims with as many
+children and hits = children + 1. Exit status 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay  # noqa: E402
+
+# Cost-weighted LRU: the victims do not depend on hits or on what the learning would teach.
+NEUTRAL = {"hit_exponent": 0, "hit_cap": False, "probation": False, "value_weight": False}
+MAX_BUCKET = 4  # hits and children of at least 4 share a row / column
+
+
+def measure(trace, cost, config) -> dict:
+    """Replay ``config`` (an ``mla_aware`` ReplayConfig with NEUTRAL keys) noting each victim
+    as ``(hits, children)`` and whether it came back."""
+    from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
+    from simulator import Replayer, _strategy_owner
+
+    replayer = Replayer(trace, cost, config)
+    learning = replayer.strategy.learning
+    core = _strategy_owner(replayer.cache)
+    victims: dict[int, list] = {}  # id of the victim's record -> [record, hits, children, back]
+
+    delete = core._delete_unbacked_device_leaf
+
+    def noting_delete(node, *args, **kwargs):
+        seen = node.__dict__.get("_mla_seen")
+        if seen is not None:  # every victim was scored first
+            victims[id(seen)] = [seen, node.hit_count, GhostLearning.children(node), False]
+        return delete(node, *args, **kwargs)
+
+    learn = learning._learn
+
+    def noting_learn(victim):
+        noted = victims.get(id(victim))
+        if noted is not None and noted[0] is victim:
+            noted[3] = True
+        return learn(victim)
+
+    core._delete_unbacked_device_leaf = noting_delete  # looked up on the core at each call
+    learning._learn = noting_learn
+    replayer.run()
+    cells: Counter = Counter()
+    for _, hits, children, back in victims.values():
+        for group in ((min(hits, MAX_BUCKET), min(children, MAX_BUCKET)),
+                      ("capped" if children and hits > children + 1 else
+                       "diagonal" if hits == children + 1 else "other", children)):
+            cells[group, "victims"] += 1
+            cells[group, "back"] += back
+    return {"capacity": config.capacity_label, "cells": cells}
+
+
+def capped_vs_diagonal(cells: Counter) -> tuple[int, float, float]:
+    """Victims ``hit_cap`` caps, the share of them that came back, and the share expected
+    from the victims on the diagonal (hits = children + 1) with the same children."""
+    n = back = expected = 0.0
+    for (group, value), count in cells.items():
+        if group[0] != "capped" or value != "victims":
+            continue
+        children = group[1]
+        diagonal = cells[("diagonal", children), "victims"]
+        n += count
+        back += cells[group, "back"]
+        if diagonal:
+            expected += count * cells[("diagonal", children), "back"] / diagonal
+    return int(n), back / n if n else 0.0, expected / n if n else 0.0
+
+
+def _share(cells: Counter, group) -> str:
+    n = cells[group, "victims"]
+    return f"{cells[group, 'back']}/{n} ({100 * cells[group, 'back'] / n:.0f} %)" if n else "—"
+
+
+def markdown(rows: list[dict]) -> str:
+    plus = lambda i: f"{i}+" if i == MAX_BUCKET else str(i)  # noqa: E731
+    lines = []
+    for row in rows:
+        cells = row["cells"]
+        n, back, expected = capped_vs_diagonal(cells)
+        lines += [
+            f"**{row['capacity']}** (came back / victims): {n} victims had more hits than "
+            f"children + 1 (`hit_cap` caps them); {100 * back:.0f} % came back, against "
+            f"{100 * expected:.0f} % of those with hits = children + 1 and as many children",
+            "",
+            "| hits \\ children | " + " | ".join(plus(c) for c in range(MAX_BUCKET + 1)) + " |",
+            "|---|" + "---|" * (MAX_BUCKET + 1),
+        ]
+        for h in range(1, MAX_BUCKET + 1):
+            lines.append(f"| {plus(h)} | "
+                         + " | ".join(_share(cells, (h, c)) for c in range(MAX_BUCKET + 1)) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
+    _, rest = p.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print(__doc__)
+        return 0
+    try:
+        trace, cost, configs = replay.prepare_unified_mla_aware(
+            rest, policy="cost-weighted LRU", policy_config=NEUTRAL)
+    except replay.UsageError as e:
+        print(f"reuse_by_branching.py: error: {e}", file=sys.stderr)
+        return 2
+    from sglang.srt.mem_cache.mla_eviction_plugin import register
+    from tqdm import tqdm
+
+    register()
+    print(markdown([measure(trace, cost, c) for c in tqdm(configs, desc="replays", file=sys.stderr)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Tests for benchmark/mla_eviction/reuse_by_branching.py: victims noted, returns matched."""
+
+import contextlib
+import io
+import sys
+import unittest
+from collections import Counter
+from pathlib import Path
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction"))
+
+import replay  # noqa: E402
+import reuse_by_branching  # noqa: E402
+from simulator import Replayer  # noqa: E402
+
+from sglang.srt.mem_cache.mla_eviction_plugin import register  # noqa: E402
+
+SOURCE = ["--workload", "multi-turn", "--num-requests", "300", "--seed", "1", "--capacity", "10%"]
+
+
+class TestMeasure(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        register()
+        cls.trace, cls.cost, (cls.config,) = replay.prepare_unified_mla_aware(
+            SOURCE, policy="cost-weighted LRU", policy_config=reuse_by_branching.NEUTRAL)
+
+    def test_every_victim_that_came_back_is_counted_once(self):
+        cells = reuse_by_branching.measure(self.trace, self.cost, self.config)["cells"]
+        replayer = Replayer(self.trace, self.cost, self.config)
+        replayer.run()  # the same replay, unwatched: the learning counts every return
+        by_bucket = [(k, v) for k, v in cells.items() if isinstance(k[0][0], int)]
+        victims = sum(v for (_, what), v in by_bucket if what == "victims")
+        back = sum(v for (_, what), v in by_bucket if what == "back")
+        self.assertGreater(victims, back)
+        self.assertEqual(back, sum(replayer.strategy.learning.returns))
+        self.assertGreater(back, 0)
+        by_kind = sum(v for (group, what), v in cells.items() if isinstance(group[0], str)
+                      and what == "victims")
+        self.assertEqual(by_kind, victims)  # each victim in one bucket and one kind
+
+
+class TestCappedVsDiagonal(CustomTestCase):
+    def test_expected_share_weighs_the_diagonal_by_children(self):
+        cells = Counter({
+            (("capped", 1), "victims"): 10, (("capped", 1), "back"): 3,
+            (("capped", 2), "victims"): 30, (("capped", 2), "back"): 3,
+            (("diagonal", 1), "victims"): 50, (("diagonal", 1), "back"): 25,
+            (("diagonal", 2), "victims"): 100, (("diagonal", 2), "back"): 10,
+            (("other", 0), "victims"): 999, (("other", 0), "back"): 1,
+        })
+        n, back, expected = reuse_by_branching.capped_vs_diagonal(cells)
+        self.assertEqual(n, 40)
+        self.assertAlmostEqual(back, 6 / 40)
+        self.assertAlmostEqual(expected, (10 * 0.5 + 30 * 0.1) / 40)
+        self.assertEqual(reuse_by_branching.capped_vs_diagonal(Counter()), (0, 0.0, 0.0))
+
+
+class TestCli(CustomTestCase):
+    def run_main(self, *argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = reuse_by_branching.main(list(argv))
+        return status, out.getvalue(), err.getvalue()
+
+    def test_table(self):
+        status, out, _ = self.run_main(*SOURCE)
+        self.assertEqual(status, 0)
+        self.assertIn("**10%**", out)
+        self.assertIn("| hits \\ children | 0 | 1 | 2 | 3 | 4+ |", out)
+
+    def test_bad_arguments_exit_2(self):
+        for argv, message in ((["--policies", "lru"], "replays cost-weighted LRU"),
+                              (["--cache", "radix"], "without a host tier"),
+                              (["--capacity", "0%"], "must be in (0%, 100%]")):
+            with self.subTest(argv=argv):
+                status, _, err = self.run_main(*SOURCE[:6], *argv)
+                self.assertEqual(status, 2)
+                self.assertIn(message, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
