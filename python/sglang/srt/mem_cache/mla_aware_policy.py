@@ -55,6 +55,7 @@ from sglang.srt.mem_cache.mla_cost_model import (
 )
 
 POLICY_NAME = "mla_aware"
+_CHILDREN = "_mla_children"  # the node attribute GhostLearning counts scored children in
 
 # Keys of --radix-eviction-policy-config, with their types and defaults.
 _SETUP_KEYS = {
@@ -131,10 +132,10 @@ class MLAAwareStrategy(EvictionStrategy):
         seen = learning.see(node, now, age)
         if seen.density is None or (self.host_aware and seen.backed != self._is_backed(node)):
             self._price(node, seen)
-        hits, weight = self.reuse_hits(node), learning.weight
-        if hits != seen.hits or weight != seen.weight:
-            seen.hits, seen.weight = hits, weight
-            seen.value = (seen.density * (1 + hits) ** self.hit_exponent) ** weight
+        hits, children, weight = node.hit_count, node.__dict__.get(_CHILDREN, 0), learning.weight
+        if hits != seen.hits or children != seen.children or weight != seen.weight:
+            seen.hits, seen.children, seen.weight = hits, children, weight
+            seen.value = (seen.density * (1 + self.reuse_hits(node)) ** self.hit_exponent) ** weight
         value = seen.value
         if seen.probationary:
             age *= learning.factor
@@ -335,13 +336,14 @@ class GhostLearning:
     def children(node: Any) -> int:
         """Children scored under ``node`` so far, by any learning (the upper half of a split
         stands in for the child it was split from; a victim that came back counts again)."""
-        return node.__dict__.get("_mla_children", 0)
+        return node.__dict__.get(_CHILDREN, 0)
 
     def _count_child(self, parent: Any) -> None:
         """One more child scored under ``parent``; the second one proves it."""
         if parent is None:
             return
-        children = parent._mla_children = self.children(parent) + 1
+        children = self.children(parent) + 1
+        setattr(parent, _CHILDREN, children)
         seen = parent.__dict__.get("_mla_seen")
         if children == 2 and seen is not None and seen.owner is self:
             seen.probationary = False
@@ -375,17 +377,17 @@ class _Seen:
     so a changed ``id`` always means a split). The strategy memoises on it the node's
     restore seconds per byte (``density``, with the host copy state ``backed`` it was
     priced for; ``None`` after a split) and ``value ** weight`` (``value``, for the
-    ``hits`` and ``weight`` it was computed with).
+    ``hit_count``, children and ``weight`` it was computed with).
     """
 
     __slots__ = ("owner", "parent_id", "signature", "creation_time", "probationary", "age",
-                 "build", "backed", "density", "hits", "weight", "value")
+                 "build", "backed", "density", "hits", "children", "weight", "value")
 
     def __init__(self, owner: GhostLearning, node: Any, signature: tuple):
         self.owner, self.parent_id, self.signature = owner, id(node.parent), signature
         self.creation_time = node.creation_time
         self.backed = False  # the strategy's memo: unpriced until its first score
-        self.density = self.hits = self.weight = self.value = None
+        self.density = self.hits = self.children = self.weight = self.value = None
 
 
 def ghost_signature(node: Any) -> tuple:
