@@ -97,10 +97,12 @@ def markdown(rows: list[dict]) -> str:
     for row in rows:
         cells = row["cells"]
         n, back, expected = capped_vs_diagonal(cells)
+        capped = (f"{n} victims had more hits than children + 1 (`hit_cap` caps them); "
+                  f"{100 * back:.0f} % came back, against {100 * expected:.0f} % of those "
+                  "with hits = children + 1 and as many children" if n else
+                  "no victim had more hits than children + 1")
         lines += [
-            f"**{row['capacity']}** (came back / victims): {n} victims had more hits than "
-            f"children + 1 (`hit_cap` caps them); {100 * back:.0f} % came back, against "
-            f"{100 * expected:.0f} % of those with hits = children + 1 and as many children",
+            f"**{row['capacity']}** (came back / victims): {capped}",
             "",
             "| hits \\ children | " + " | ".join(plus(c) for c in range(MAX_BUCKET + 1)) + " |",
             "|---|" + "---|" * (MAX_BUCKET + 1),

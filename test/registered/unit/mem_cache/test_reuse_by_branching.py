@@ -59,6 +59,11 @@ class TestCappedVsDiagonal(CustomTestCase):
         self.assertAlmostEqual(back, 6 / 40)
         self.assertAlmostEqual(expected, (10 * 0.5 + 30 * 0.1) / 40)
         self.assertEqual(reuse_by_branching.capped_vs_diagonal(Counter()), (0, 0.0, 0.0))
+        table = reuse_by_branching.markdown([{"capacity": "5%", "cells": cells},
+                                             {"capacity": "9%", "cells": Counter()}])
+        self.assertIn("**5%** (came back / victims): 40 victims had more hits than children + 1 "
+                      "(`hit_cap` caps them); 15 % came back, against 20 %", table)
+        self.assertIn("**9%** (came back / victims): no victim had more hits", table)
 
 
 class TestCli(CustomTestCase):
