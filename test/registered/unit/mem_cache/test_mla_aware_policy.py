@@ -315,6 +315,11 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
             ratio = strategy.get_priority(n)[0] / (-10.0 / strategy.value(n))
             self.assertAlmostEqual(ratio, 1.0, places=3)  # the score uses the capped hits
         self.assertLess(strategy.get_priority(history), strategy.get_priority(repeated))
+        # A second child (no new hit on the node): the memoised value follows the cap.
+        strategy.get_priority(self.leaf(16, parent=history, first=6))
+        self.assertEqual(strategy.reuse_hits(history), 3)
+        ratio = strategy.get_priority(history)[0] / (-10.0 / strategy.value(history))
+        self.assertAlmostEqual(ratio, 1.0, places=3)
 
     def test_key_unit_tokens_scales_depth_and_bytes(self):
         per_element = self.strategy(key_unit_tokens=64, depth_aware=True)
