@@ -32,7 +32,13 @@ MAX_BUCKET = 4  # hits and children of at least 4 share a row / column
 
 def measure(trace, cost, config) -> dict:
     """Replay ``config`` (an ``mla_aware`` ReplayConfig with NEUTRAL keys) noting each victim
-    as ``(hits, children)`` and whether it came back."""
+    as ``(hits, children)`` and whether it came back.
+
+    Victims are seen by wrapping, on this replay's tree only, the unified core's
+    ``_delete_unbacked_device_leaf`` (how a device leaf leaves the tree when there is no
+    host tier) and returns by wrapping its learning's ``_learn`` (called once per victim
+    that comes back, with that victim's record).
+    """
     from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
     from simulator import Replayer, _strategy_owner
 
