@@ -45,7 +45,9 @@ def measure(trace, cost, config) -> dict:
     replayer = Replayer(trace, cost, config)
     learning = replayer.strategy.learning
     core = _strategy_owner(replayer.cache)
-    victims: dict[int, list] = {}  # id of the victim's record -> [record, hits, children, back]
+    # id of the victim's record -> [record, hits, children, back]; holding the record keeps
+    # its id from being reused by a later one, so the id alone identifies it
+    victims: dict[int, list] = {}
 
     delete = core._delete_unbacked_device_leaf
 
@@ -59,7 +61,7 @@ def measure(trace, cost, config) -> dict:
 
     def noting_learn(victim):
         noted = victims.get(id(victim))
-        if noted is not None and noted[0] is victim:
+        if noted is not None:
             noted[3] = True
         return learn(victim)
 
