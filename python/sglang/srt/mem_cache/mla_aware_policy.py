@@ -132,6 +132,8 @@ class MLAAwareStrategy(EvictionStrategy):
         seen = learning.see(node, now, age)
         if seen.density is None or (self.host_aware and seen.backed != self._is_backed(node)):
             self._price(node, seen)
+        # The memo's key: hit_count, GhostLearning.children (read inline, this runs for every
+        # leaf at every eviction) and the weight; reuse_hits caps only when one changed.
         hits, children, weight = node.hit_count, node.__dict__.get(_CHILDREN, 0), learning.weight
         if hits != seen.hits or children != seen.children or weight != seen.weight:
             seen.hits, seen.children, seen.weight = hits, children, weight
