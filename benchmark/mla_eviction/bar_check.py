@@ -2,11 +2,13 @@
 
     python benchmark/mla_eviction/bar_check.py --markdown docs/results/bar_check.md \\
         --json docs/results/bar_check.json
+    python benchmark/mla_eviction/bar_check.py --trace conversation=PATH --sources conversation
 
 Replays each source with every SGLang built-in, ``mla_aware`` and the offline bound at
-1 %, 5 %, 10 % and 25 % of its unique blocks (timed mode, unified tree), then the shipped
-trace with a modelled host tier 4x the device capacity (LRU and ``mla_aware``), and
-prints one row per (check, source, capacity) with the measured numbers and PASS or MISS:
+1 %, 5 %, 10 % and 25 % of its unique blocks (timed mode, unified tree), then each real
+trace (the shipped one and those given by ``--trace``) with a modelled host tier 4x the
+device capacity (LRU and ``mla_aware``), and prints one row per (check, source, capacity)
+with the measured numbers and PASS or MISS:
 
 - ``gain``: at 1 % and 5 %, where the bound leaves LRU at least 10 points of FLOP hit
   rate, ``mla_aware`` at least 15 % above LRU (relative);
@@ -50,8 +52,12 @@ MIN_HEADROOM, MIN_GAIN, FLOOR_POINTS, TTFT_CUT, CPU_SHARE = 10.0, 0.15, 0.5, 0.3
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sources", default=",".join(SOURCES),
-                   help=f"comma list of {', '.join(SOURCES)}")
+    p.add_argument("--sources", default=None,
+                   help=f"comma list of {', '.join(SOURCES)} and names given by --trace "
+                   "(default: all)")
+    p.add_argument("--trace", action="append", default=[], metavar="NAME=PATH",
+                   help="add a Mooncake-format trace as source NAME, checked like the shipped "
+                   "trace (repeatable)")
     p.add_argument("--capacity", default=replay.DEFAULT_CAPACITIES)
     p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
@@ -63,10 +69,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--markdown")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
-    unknown = [s for s in args.sources if s not in SOURCES]
+    args.source_args = dict(SOURCES)
+    args.traces = ["mooncake"]  # the real traces, checked with a host tier too
+    for spec in args.trace:
+        name, sep, path = spec.partition("=")
+        if not (sep and name.strip() and path) or "," in name:
+            p.error(f"--trace: expected NAME=PATH (NAME without commas), got {spec!r}")
+        if name.strip() in args.source_args:
+            p.error(f"--trace: source name {name.strip()!r} is taken")
+        args.source_args[name.strip()] = ["--trace", path]
+        args.traces.append(name.strip())
+    if args.sources is None:
+        args.sources = list(args.source_args)
+    else:
+        args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    unknown = [s for s in args.sources if s not in args.source_args]
     if unknown or not args.sources:
-        p.error(f"--sources: unknown {unknown}; known: {', '.join(SOURCES)}")
+        p.error(f"--sources: unknown {unknown}; known: {', '.join(args.source_args)}")
     if args.cpu_runs < 1:
         p.error(f"--cpu-runs must be >= 1, got {args.cpu_runs}")
     return args
@@ -79,7 +98,7 @@ def replay_source(name: str, args, host_tier: bool = False, policies: str = "") 
     if not policies:
         policies = f"lru,{CANDIDATE}" if host_tier else ",".join((*BUILTINS, CANDIDATE, "optimal"))
     rargs = replay.parse_args([
-        *SOURCES[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
+        *args.source_args[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
         "--capacity", args.capacity, "--policies", policies, "--jobs", str(args.jobs),
         *(["--host-tier", "4x"] if host_tier else []),
         *(["--no-progress"] if args.no_progress else []),
@@ -182,9 +201,10 @@ def main(argv=None) -> int:
         for name in args.sources:
             raw[name] = least_cpu(name, args, replay_source(name, args))
             rows += checks(name, raw[name])
-        if not args.no_host_tier and "mooncake" in args.sources:
-            raw["mooncake+host4x"] = replay_source("mooncake", args, host_tier=True)
-            rows += checks("mooncake+host4x", raw["mooncake+host4x"], host_tier=True)
+        for name in [] if args.no_host_tier else args.traces:
+            if name in args.sources:
+                raw[f"{name}+host4x"] = replay_source(name, args, host_tier=True)
+                rows += checks(f"{name}+host4x", raw[f"{name}+host4x"], host_tier=True)
     except replay.UsageError as e:
         print(f"bar_check.py: error: {e}", file=sys.stderr)
         return 2

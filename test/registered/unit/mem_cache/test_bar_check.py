@@ -2,7 +2,9 @@
 
 import contextlib
 import io
+import json
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 from types import SimpleNamespace
@@ -105,6 +107,43 @@ class TestCli(CustomTestCase):
             bar_check.main(["--sources", "nope"])
         self.assertEqual(ctx.exception.code, 2)
         self.assertIn("unknown ['nope']", err.getvalue())
+
+    def test_trace_adds_a_named_source(self):
+        args = bar_check.parse_args(["--trace", "conv=/data/conversation_trace.jsonl"])
+        self.assertEqual(args.sources, [*bar_check.SOURCES, "conv"])
+        self.assertEqual(args.source_args["conv"], ["--trace", "/data/conversation_trace.jsonl"])
+        only = bar_check.parse_args(["--trace", "conv=/x.jsonl", "--sources", "conv"])
+        self.assertEqual(only.sources, ["conv"])
+
+    def test_bad_trace_spec_exits_2(self):
+        for spec, says in (("conv", "expected NAME=PATH"), ("=/x.jsonl", "expected NAME=PATH"),
+                           ("a,b=/x.jsonl", "expected NAME=PATH"), ("chat=/x.jsonl", "is taken")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
+                bar_check.parse_args(["--trace", spec])
+            self.assertEqual(ctx.exception.code, 2)
+            self.assertIn(says, err.getvalue())
+
+    def test_trace_source_end_to_end(self):
+        lines = [{"timestamp": 1000 * i, "input_length": 1500, "output_length": 10,
+                  "hash_ids": [0, 1 + i % 3, 4 + i]} for i in range(12)]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "t.jsonl"
+            path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                status = bar_check.main(["--trace", f"tiny={path}", "--sources", "tiny",
+                                         "--capacity", "25%", "--jobs", "1", "--cpu-runs", "1",
+                                         "--no-progress"])
+            self.assertEqual(status, 0)
+            self.assertIn("| floor | tiny | 25% |", out.getvalue())
+            self.assertIn("| ttft | tiny+host4x | 25% |", out.getvalue())
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                status = bar_check.main(["--trace", f"gone={path}.missing", "--sources", "gone",
+                                         "--no-progress"])
+            self.assertEqual(status, 2)
+            self.assertIn("t.jsonl.missing: no such file", err.getvalue())
 
     def test_small_run_end_to_end(self):
         out = io.StringIO()
