@@ -8,10 +8,13 @@ cost-weighted LRU (no hits, no learning, so which node goes does not depend on w
 counted here) and notes every victim's ``hit_count`` and its children (as
 ``GhostLearning.children`` counts them); a victim *comes back* when the same content is
 inserted again under the same parent later in the replay (``GhostLearning``'s ghost
-match). It prints, per capacity, victims and the share that came back by hits and
-children, and the share of the victims ``hit_cap`` caps (more hits than children + 1, on
-a node that has had children) that came back against the share of victims with as many
-children and hits = children + 1. Exit status 2 on bad arguments.
+match). Victims that begin with output pages no later prompt holds are counted apart:
+the replay gives them ids of their own (a Mooncake trace does not say what was
+generated), so they cannot come back whatever they are. It prints, per capacity, the
+other victims and the share that came back by hits and children, and the share of the
+victims ``hit_cap`` caps (more hits than children + 1, on a node that has had children)
+that came back against the share of victims with as many children and hits = children + 1.
+Exit status 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ MAX_BUCKET = 4  # hits and children of at least 4 share a row / column
 
 def measure(trace, cost, config) -> dict:
     """Replay ``config`` (an ``mla_aware`` ReplayConfig with NEUTRAL keys) noting each victim
-    as ``(hits, children)`` and whether it came back.
+    as ``(hits, children)`` and whether it came back, and counting apart (``outputs``) the
+    victims that begin with an output page of their own.
 
     Victims are seen by wrapping, on this replay's tree only, the unified core's
     ``_delete_unbacked_device_leaf`` (how a device leaf leaves the tree when there is no
@@ -40,7 +44,7 @@ def measure(trace, cost, config) -> dict:
     that comes back, with that victim's record).
     """
     from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
-    from simulator import Replayer, _strategy_owner
+    from simulator import OUTPUT_TOKEN_BASE, Replayer, _strategy_owner
 
     replayer = Replayer(trace, cost, config)
     learning = replayer.strategy.learning
@@ -48,12 +52,16 @@ def measure(trace, cost, config) -> dict:
     # id of the victim's record -> [record, hits, children, back]; holding the record keeps
     # its id from being reused by a later one, so the id alone identifies it
     victims: dict[int, list] = {}
+    outputs = 0
 
     delete = core._delete_unbacked_device_leaf
 
     def noting_delete(node, *args, **kwargs):
+        nonlocal outputs
         seen = node.__dict__.get("_mla_seen")
-        if seen is not None:  # every victim was scored first
+        if node.key.token_ids[0] >= OUTPUT_TOKEN_BASE:
+            outputs += 1
+        elif seen is not None:  # every victim was scored first
             victims[id(seen)] = [seen, node.hit_count, GhostLearning.children(node), False]
         return delete(node, *args, **kwargs)
 
@@ -75,7 +83,7 @@ def measure(trace, cost, config) -> dict:
                        "diagonal" if hits == children + 1 else "other", children)):
             cells[group, "victims"] += 1
             cells[group, "back"] += back
-    return {"capacity": config.capacity_label, "cells": cells}
+    return {"capacity": config.capacity_label, "cells": cells, "outputs": outputs}
 
 
 def capped_vs_diagonal(cells: Counter) -> tuple[int, float, float]:
@@ -109,6 +117,9 @@ def markdown(rows: list[dict]) -> str:
                   f"{100 * back:.0f} % came back, against {100 * expected:.0f} % of those "
                   "with hits = children + 1 and as many children" if n else
                   "no victim had more hits than children + 1")
+        outputs = row.get("outputs", 0)
+        if outputs:
+            capped += f"; {outputs} victims were output pages of their own, left out"
         lines += [
             f"**{row['capacity']}** (came back / victims): {capped}",
             "",

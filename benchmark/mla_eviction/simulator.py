@@ -53,7 +53,7 @@ from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 from traces import Request, Trace
 
 OPTIMAL = "optimal"
-_OUTPUT_TOKEN_BASE = 1 << 48
+OUTPUT_TOKEN_BASE = 1 << 48  # element ids from here on: output pages no later prompt holds
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class BeladyStrategy(EvictionStrategy):
 
     def get_priority(self, node: Any) -> tuple[float, float]:
         first = node.key.token_ids[0]
-        if first >= _OUTPUT_TOKEN_BASE:
+        if first >= OUTPUT_TOKEN_BASE:
             return (float("-inf"), node.last_access_time)
         block = (first - 1) // self.pages_per_block
         return (-self.future.next_use(block), node.last_access_time)
@@ -315,7 +315,7 @@ class Replayer:
         p = np.arange(min(n_pages, content_pages), dtype=np.int64)
         ids = np.asarray(blocks, dtype=np.int64)[p // ppb] * ppb + p % ppb + 1
         if n_pages > len(p):
-            own = _OUTPUT_TOKEN_BASE + (idx << 24) + np.arange(len(p), n_pages, dtype=np.int64)
+            own = OUTPUT_TOKEN_BASE + (idx << 24) + np.arange(len(p), n_pages, dtype=np.int64)
             ids = np.concatenate([ids, own])
         return ids
 

@@ -20,6 +20,7 @@ from simulator import Replayer  # noqa: E402
 
 from sglang.srt.mem_cache.mla_eviction_plugin import register  # noqa: E402
 
+TRACE = Path(__file__).resolve().parents[5] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 SOURCE = ["--workload", "multi-turn", "--num-requests", "300", "--seed", "1", "--capacity", "10%"]
 
 
@@ -43,6 +44,17 @@ class TestMeasure(CustomTestCase):
         by_kind = sum(v for (group, what), v in cells.items() if isinstance(group[0], str)
                       and what == "victims")
         self.assertEqual(by_kind, victims)  # each victim in one bucket and one kind
+
+    def test_output_pages_of_their_own_are_left_out(self):
+        # a Mooncake trace says nothing of outputs: each request's output pages are its own
+        trace, cost, (config,) = replay.prepare_unified_mla_aware(
+            ["--trace", str(TRACE), "--limit", "300", "--capacity", "5%"],
+            policy="cost-weighted LRU", policy_config=reuse_by_branching.NEUTRAL)
+        row = reuse_by_branching.measure(trace, cost, config)
+        self.assertGreater(row["outputs"], 0)
+        self.assertGreater(row["cells"][(1, 0), "victims"], 0)
+        table = reuse_by_branching.markdown([row])
+        self.assertIn(f"; {row['outputs']} victims were output pages of their own, left out", table)
 
 
 class TestCappedVsDiagonal(CustomTestCase):
