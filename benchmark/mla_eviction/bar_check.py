@@ -73,12 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.traces = ["mooncake"]  # the real traces, checked with a host tier too
     for spec in args.trace:
         name, sep, path = spec.partition("=")
-        if not (sep and name.strip() and path) or "," in name:
+        name = name.strip()
+        if not (sep and name and path) or "," in name:
             p.error(f"--trace: expected NAME=PATH (NAME without commas), got {spec!r}")
-        if name.strip() in args.source_args:
-            p.error(f"--trace: source name {name.strip()!r} is taken")
-        args.source_args[name.strip()] = ["--trace", path]
-        args.traces.append(name.strip())
+        if name in args.source_args:
+            p.error(f"--trace: source name {name!r} is taken")
+        args.source_args[name] = ["--trace", path]
+        args.traces.append(name)
     if args.sources is None:
         args.sources = list(args.source_args)
     else:
