@@ -133,11 +133,12 @@ class MLAAwareStrategy(EvictionStrategy):
         if seen.density is None or (self.host_aware and seen.backed != self._is_backed(node)):
             self._price(node, seen)
         # The memo's key: hit_count, GhostLearning.children (read inline, this runs for every
-        # leaf at every eviction) and the weight; reuse_hits caps only when one changed.
+        # leaf at every eviction) and the weight; the value is recomputed only when one changed.
         hits, children, weight = node.hit_count, node.__dict__.get(_CHILDREN, 0), learning.weight
         if hits != seen.hits or children != seen.children or weight != seen.weight:
             seen.hits, seen.children, seen.weight = hits, children, weight
-            seen.value = (seen.density * (1 + self.reuse_hits(node)) ** self.hit_exponent) ** weight
+            reuse = 1 + self._capped_hits(hits, children)
+            seen.value = (seen.density * reuse ** self.hit_exponent) ** weight
         value = seen.value
         if seen.probationary:
             age *= learning.factor
@@ -150,11 +151,11 @@ class MLAAwareStrategy(EvictionStrategy):
     def reuse_hits(self, node: Any) -> int:
         """``node.hit_count``; with ``hit_cap``, at most ``children + 1`` on a node that has
         had children (children as :meth:`GhostLearning.children` counts them)."""
-        hits = node.hit_count
-        if self.hit_cap:
-            children = GhostLearning.children(node)
-            if children and hits > children + 1:
-                return children + 1
+        return self._capped_hits(node.hit_count, GhostLearning.children(node))
+
+    def _capped_hits(self, hits: int, children: int) -> int:
+        if self.hit_cap and children and hits > children + 1:
+            return children + 1
         return hits
 
     def restore_seconds_per_byte(self, node: Any) -> float:
