@@ -84,6 +84,7 @@ class ReplayResult:
     prompt_flops: float = 0.0
     saved_flops: float = 0.0
     evicted_tokens: int = 0
+    shortfall_tokens: int = 0  # what the evictions were asked for; the tree frees whole nodes
     evictions: int = 0
     cache_cpu_s: float = 0.0
     prefill_s: float = 0.0  # modelled prefill (recompute + reload) of admitted requests
@@ -113,6 +114,7 @@ class ReplayResult:
             "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft is not None else None,
             "evictions": self.evictions,
             "evicted_tokens": self.evicted_tokens,
+            "shortfall_tokens": self.shortfall_tokens,
             "cpu_us_per_request": 1e6 * self.cache_cpu_s / served,
             "prefill_ms_per_request": 1e3 * self.prefill_s / served,
             "learnt": self.learnt,
@@ -397,7 +399,9 @@ class Replayer:
             ).num_tokens_evicted
             if evicted:
                 self.result.evictions += 1
-                self.result.evicted_tokens += evicted
+                # The tree counts key elements: one per page (per block in sequential mode).
+                self.result.evicted_tokens += evicted * self.unit
+                self.result.shortfall_tokens += shortfall * self.unit
             out = self.allocator.alloc(need)
         return out
 

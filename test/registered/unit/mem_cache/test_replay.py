@@ -232,6 +232,14 @@ class TestSimulatorInvariants(CustomTestCase):
                     r.allocator.size,
                 )
                 self.assertEqual(r.cache.protected_size(), 0)
+                # Evictions free whole nodes: at least what they were asked for, in tokens
+                # (the tree counts pages).
+                result = r.result
+                self.assertGreater(result.evictions, 0)
+                self.assertGreater(result.shortfall_tokens, 0)
+                self.assertLessEqual(result.shortfall_tokens, result.evicted_tokens)
+                self.assertEqual(result.evicted_tokens % r.cfg.page_size, 0)
+                self.assertGreater(result.evicted_tokens, result.evictions * r.cfg.page_size)
 
 
 class TestKnownOutputs(CustomTestCase):
