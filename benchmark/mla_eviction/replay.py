@@ -60,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--policy-config", default=None, help="JSON config for mla_aware")
+    p.add_argument("--trim-victims", choices=("policy", "all", "none"), default="policy",
+                   help="free only the shortfall by trimming an eviction's last victim: where "
+                        "the policy asks for it (mla_aware, as in a server), for every policy, "
+                        "or never (unified tree without a host tier only)")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
     p.add_argument("--gpu-tflops", type=float, default=3200.0,
@@ -219,7 +223,7 @@ def plan(args, trace, cost):
             configs.append(ReplayConfig(
                 policy=name, capacity_tokens=tokens, mode=args.mode, cache=cache,
                 page_size=args.page_size, host_tier_tokens=host_tokens, clock=args.clock,
-                policy_config=cfg, decode_s_per_token=args.decode_ms_per_token / 1e3,
+                policy_config=cfg, trim=args.trim_victims, decode_s_per_token=args.decode_ms_per_token / 1e3,
                 capacity_fraction=share, capacity_label=label,
             ))
     return configs

@@ -45,6 +45,7 @@ import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 from sglang.srt.mem_cache.mla_cost_model import KVCostModel
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
@@ -66,6 +67,9 @@ class ReplayConfig:
     host_tier_tokens: int = 0
     clock: str = "tick"  # legacy tree's clock: "tick", or "per-read" (moves at every read)
     policy_config: Optional[dict] = None
+    # Trim the last victim of an eviction to the shortfall (mla_victim_trim): "policy" where
+    # the strategy asks for it (as the server does), "all" for every policy, "none".
+    trim: str = "policy"
     decode_s_per_token: float = 0.03
     capacity_fraction: Optional[float] = None
     capacity_label: str = ""
@@ -90,6 +94,7 @@ class ReplayResult:
     prefill_s: float = 0.0  # modelled prefill (recompute + reload) of admitted requests
     ttfts: list = dataclasses.field(default_factory=list, repr=False)
     learnt: Optional[dict] = None  # mla_aware: what its GhostLearning ended with
+    trimmed: bool = False  # the tree trimmed victims to the shortfall
 
     def summary(self) -> dict:
         ttft = np.asarray(self.ttfts) if self.ttfts else None
@@ -115,6 +120,7 @@ class ReplayResult:
             "evictions": self.evictions,
             "evicted_tokens": self.evicted_tokens,
             "shortfall_tokens": self.shortfall_tokens,
+            "trimmed": self.trimmed,
             "cpu_us_per_request": 1e6 * self.cache_cpu_s / served,
             "prefill_ms_per_request": 1e3 * self.prefill_s / served,
             "learnt": self.learnt,
@@ -255,6 +261,7 @@ class Replayer:
             self.cache, self.allocator = self._build_cache()
         self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None
         self.result = ReplayResult(config)
+        self.result.trimmed = self._trim_victims()
 
     # ---- cache construction -------------------------------------------------
 
@@ -292,6 +299,16 @@ class Replayer:
                 self.future, self.pages_per_block
             )
         return cache, allocator
+
+    def _trim_victims(self) -> bool:
+        """Set victim trimming as ``cfg.trim`` says; whether the tree trims."""
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        if self.cfg.trim != "policy":
+            self.strategy.trim_victims = self.cfg.trim == "all"
+        mla_victim_trim.register_hooks()
+        HookRegistry.apply_hooks()
+        return mla_victim_trim.trims(self.cache)
 
     @property
     def strategy(self):

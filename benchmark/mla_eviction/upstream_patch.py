@@ -18,6 +18,9 @@ changes as commits and writes them with ``git format-patch`` into DIR
    pipeline (it selects the policy for MLA/DSA models and keeps the stock one for others);
    the Python tree core for this policy (``_rust_fallback_reason``); the served model's
    config passed to the policy where ``kv_cache_builder.py`` builds ``CacheInitParams``;
+   victim trimming (``mla_victim_trim``): ``eviction(...)`` around the component walk of
+   ``UnifiedRadixCache._evict`` and ``trim_victim(...)`` in each step of
+   ``UnifiedTreeCore.evict_device_next_node``;
 3. the tests: every ``test/registered/unit/mem_cache/test_*.py`` that depends on nothing
    outside the exported modules (no plugin, no version check, nothing under
    ``benchmark/``), plus ``test_mla_aware_eviction_wiring.py``, generated here, which tests
@@ -301,6 +304,16 @@ _POLICY_CONFIG_CALL = '''\
         )
 '''
 
+# Victim trimming (mla_victim_trim): the eviction's request, then each step of the walk.
+_EVICT_COMPONENTS_CALL = """\
+        self._evict_components(
+            request_by_type,
+            tracker,
+            available_size_targets=available_size_targets,
+            allocation_reclaim_satisfied=allocation_reclaim_satisfied,
+        )
+"""
+
 EDITS: tuple[Edit, ...] = (
     Edit(
         f"{_SRT}/mem_cache/utils.py",
@@ -373,6 +386,31 @@ EDITS: tuple[Edit, ...] = (
         f"{_SRT}/mem_cache/kv_cache_builder.py",
         "    if params.swa_retain_window != sliding_window_size:\n",
         _POLICY_CONFIG_CALL,
+        where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/unified_radix_cache.py",
+        "from sglang.srt.mem_cache.common import RetractionBackup\n",
+        "from sglang.srt.mem_cache import mla_victim_trim\n",
+        where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/unified_radix_cache.py",
+        _EVICT_COMPONENTS_CALL,
+        "        with mla_victim_trim.eviction(self, params.num_tokens):\n"
+        + "".join("    " + line for line in _EVICT_COMPONENTS_CALL.splitlines(keepends=True)),
+        where="replace",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/unified_cache/unified_tree_core.py",
+        "from sglang.srt.mem_cache.radix_cache import RadixKey\n",
+        "from sglang.srt.mem_cache import mla_victim_trim\n",
+        where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/unified_cache/unified_tree_core.py",
+        "        result.made_progress = (\n            result.node_id is not None\n",
+        "        mla_victim_trim.trim_victim(self, component_type, tracker, result)\n",
         where="before",
     ),
 )

@@ -35,8 +35,10 @@ that was among the oldest leaves when it went raises it (LRU would have lost it 
 its sharing should have kept it), a young probationary one lowers it (its low value
 evicted it early); the mixed cases leave it. Both start at 1.
 
-The strategy only scores; the cache decides how much to free, so the number of tokens
-evicted for an allocation is exactly what it is under LRU.
+The strategy only scores; the cache decides how much to free. With ``trim_victims`` (on by
+default) the strategy asks the tree to free exactly what an eviction is asked for, no more:
+the last victim is split and only its tail goes (:mod:`mla_victim_trim`, on trees that
+support it); :meth:`MLAAwareStrategy.on_split` keeps the head's learning state.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ _TUNABLE_KEYS = {
     "host_aware": (bool, True),
     "probation": (bool, True),
     "value_weight": (bool, True),
+    "trim_victims": (bool, True),
 }
 
 
@@ -97,9 +100,13 @@ class MLAAwareStrategy(EvictionStrategy):
         host_aware: bool = True,
         probation: bool = True,
         value_weight: bool = True,
+        trim_victims: bool = True,
         key_unit_tokens: int = 1,
     ):
         self.cost_model = cost_model
+        # Read by the integration, not here: evict only the needed tail of the last victim
+        # where the tree supports it (mla_victim_trim).
+        self.trim_victims = trim_victims
         self.key_unit_tokens = key_unit_tokens
         self.hit_exponent = float(hit_exponent)
         self.hit_cap = hit_cap
@@ -143,6 +150,18 @@ class MLAAwareStrategy(EvictionStrategy):
         if seen.probationary:
             age *= learning.factor
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
+
+    def on_split(self, upper: Any, lower: Any) -> None:
+        """The tree split a scored node to evict only its ``lower`` part
+        (:mod:`mla_victim_trim`): ``upper`` stays with the node's state.
+
+        ``lower`` keeps the node's record and, scored again, takes its new start as ghost
+        signature (so its return is recognised); ``upper`` stands in for the node under its
+        parent and keeps its probation state, proven or not.
+        """
+        self.get_priority(lower)
+        self.get_priority(upper)
+        upper._mla_seen.probationary = lower._mla_seen.probationary
 
     def value(self, node: Any) -> float:
         """Restore seconds per byte times ``(1 + reuse_hits) ** hit_exponent``."""

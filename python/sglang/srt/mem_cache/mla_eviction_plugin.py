@@ -11,8 +11,10 @@ before the tree cache is built. Nothing in the installed ``sglang`` is edited:
 * in the scheduler, the tree-cache factory is wrapped to (a) describe the served model
   to the policy (its config, TP size, page size, KV dtype), (b) keep stock LRU for a
   non-MLA model when the policy came from the flag rather than an explicit
-  ``--radix-eviction-policy mla_aware``, and (c) select the Python tree core of
-  ``UnifiedRadixCache``, since the compiled one knows only the built-in policies.
+  ``--radix-eviction-policy mla_aware``, (c) select the Python tree core of
+  ``UnifiedRadixCache``, since the compiled one knows only the built-in policies, and
+  (d) say in the log whether victims will be trimmed to the shortfall
+  (:mod:`mla_victim_trim`, whose two tree hooks :func:`register` installs as well).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sglang.srt.mem_cache.mla_aware_policy import (
     create_mla_aware_strategy,
     mla_aware_policy_config,
 )
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.mla_cost_model import LATENT_KINDS, KVCostModel, ModelConfigError
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ def register() -> None:
     for target, (hook, kind) in hooks.items():
         if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ())):
             HookRegistry.register(target, hook, kind)
+    mla_victim_trim.register_hooks()
 
 
 def add_flag(_result: Any, parser: Any) -> None:
@@ -88,7 +92,8 @@ def apply_flag(original: Callable, cls: type, args: Any) -> Any:
 
 
 def prepare_tree_cache(original: Callable, ctx: Any) -> Any:
-    """AROUND ``create_tree_cache``: describe the model to the policy, pick the tree core."""
+    """AROUND ``create_tree_cache``: describe the model to the policy, pick the tree core;
+    log whether the tree will trim victims."""
     params = ctx.params
     if params.eviction_policy.lower() == POLICY_NAME and not params.disable:
         resolve_policy_params(
@@ -99,7 +104,17 @@ def prepare_tree_cache(original: Callable, ctx: Any) -> Any:
             explicit=_policy_explicitly_set(),
             host_copies=_host_copies(ctx),
         )
-    return original(ctx)
+    cache = original(ctx)
+    strategy = getattr(getattr(cache, "tree_core", None), "eviction_strategy", None)
+    if getattr(strategy, "trim_victims", False):
+        if mla_victim_trim.supports(cache):
+            logger.info("mla_aware eviction: an eviction frees only what it is asked for.")
+        else:
+            logger.info(
+                "mla_aware eviction: whole victims are evicted (trimming needs the unified "
+                "tree with the Full component alone and no HiCache)."
+            )
+    return cache
 
 
 def resolve_policy_params(

@@ -107,6 +107,9 @@ class TreeHarness:
             node.hit_count = hit_count
 
     def eviction_order(self):
+        """First tokens of the nodes in the order the policy evicts them, whole: victim
+        trimming (tested in test_mla_victim_trim.py) is off for this."""
+        self.strategy.trim_victims = False
         order = []
         while self.cache.evictable_size() > 0:
             before = set(self.nodes())

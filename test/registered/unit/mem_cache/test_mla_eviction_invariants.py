@@ -10,7 +10,8 @@ its own model of which slots each request holds and, after EVERY operation, chec
 * no page is freed twice, and nothing the driver does not know as allocated is freed
   (the allocator's free paths are wrapped);
 * the device indices on every locked path are unchanged and still allocated;
-* ``evict(n)`` frees at least ``min(n, evictable before)`` tokens;
+* ``evict(n)`` frees at least ``min(n, evictable before)`` tokens, and with victims
+  trimmed (``mla_victim_trim``; off in the other unified configurations) exactly ``min(n rounded up to a page, evictable before)``;
 * every ``_mla_prefix_end`` memo equals the node's real depth (the policy's only state).
 
 The seeded loop runs ``MLA_INVARIANT_OPS`` operations in total (default 100,000) over
@@ -36,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -50,6 +52,7 @@ from sglang.srt.mem_cache.mla_eviction_plugin import register
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -60,13 +63,15 @@ TOTAL_OPS = int(os.environ.get("MLA_INVARIANT_OPS", 100_000))
 POOL_TOKENS = 256
 POLICY_CONFIG = {"model": "deepseek-v3"}
 
-# (cache kind, page size, policy, host tier)
+# (cache kind, page size, policy, host tier, victims trimmed)
 CONFIGS = [
-    (kind, page, policy, False)
+    (kind, page, policy, False, False)
     for kind in ("unified", "radix")
     for page in (1, 4)
     for policy in ("mla_aware", "lru")
-] + [("radix", 1, "mla_aware", True), ("radix", 4, "mla_aware", True)]
+] + [("radix", 1, "mla_aware", True, False), ("radix", 4, "mla_aware", True, False)] + [
+    ("unified", page, policy, False, True) for page in (1, 4) for policy in ("mla_aware", "lru")
+]
 
 print(f"[mla invariants] MLA_INVARIANT_SEED={SEED} MLA_INVARIANT_OPS={TOTAL_OPS}", file=sys.stderr)
 
@@ -84,8 +89,10 @@ class CacheDriver:
     locks on cached prefixes.
     """
 
-    def __init__(self, kind, page_size, policy, host_tier=False, pool_tokens=POOL_TOKENS, seed=0):
+    def __init__(self, kind, page_size, policy, host_tier=False, trim=False, pool_tokens=POOL_TOKENS,
+                 seed=0):
         self.kind, self.page, self.policy, self.host_tier = kind, page_size, policy, host_tier
+        self.trim = trim
         self.size = pool_tokens
         self.rng = random.Random(seed)
         if page_size == 1:
@@ -115,6 +122,9 @@ class CacheDriver:
             params.tree_components = (ComponentType.FULL,)
             self.cache = UnifiedRadixCache(params)
             self.strategy = self.cache.tree_core.eviction_strategy
+            self.strategy.trim_victims = trim
+            if mla_victim_trim.trims(self.cache) != trim:
+                raise InvariantError(f"trimming not {'on' if trim else 'off'} as asked")
         self.requests = {}  # rid -> dict(tokens, prefix, lock, new, locked_path)
         self.pins = []  # (lock, node, expected path indices)
         self.next_rid = 0
@@ -275,6 +285,8 @@ class CacheDriver:
         after = self.cache.evictable_size()
         if got < min(n, before):
             raise InvariantError(f"evict({n}) freed {got} < min({n}, evictable {before})")
+        if self.trim and got != min(-(-n // self.page) * self.page, before):
+            raise InvariantError(f"evict({n}) trimmed freed {got}, evictable before {before}")
         if before - after != got:
             raise InvariantError(f"evict({n}) reports {got} but evictable fell by {before - after}")
 
@@ -372,14 +384,15 @@ def _depth(node):
 
 
 def _name(cfg):
-    kind, page, policy, host = cfg
-    return f"{kind}/page{page}/{policy}{'/host-tier' if host else ''}"
+    kind, page, policy, host, trim = cfg
+    return f"{kind}/page{page}/{policy}{'/host-tier' if host else ''}{'/trimmed' if trim else ''}"
 
 
 class TestRandomInterleavings(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         register()
+        HookRegistry.apply_hooks()  # the trimming hooks, as a server applies them
 
     def test_100k_seeded_operations(self):
         per_config = max(TOTAL_OPS // len(CONFIGS), 1)
@@ -412,6 +425,7 @@ class TestHypothesisInterleavings(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         register()
+        HookRegistry.apply_hooks()  # the trimming hooks, as a server applies them
 
     @hypothesis_seed(SEED)
     @settings(derandomize=False, max_examples=300, deadline=None, database=None,

@@ -16,6 +16,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.evict_policy import LRUStrategy
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
 from sglang.srt.mem_cache.mla_cost_model import PRESETS, ModelConfigError
 from sglang.srt.mem_cache.mla_eviction_plugin import (
@@ -42,6 +43,7 @@ HOOKED = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": add_flag,
     "sglang.srt.server_args.ServerArgs.from_cli_args": apply_flag,
     "sglang.srt.mem_cache.registry.create_tree_cache": prepare_tree_cache,
+    **{target: getattr(mla_victim_trim, name) for target, name in mla_victim_trim.HOOKS.items()},
 }
 
 
@@ -192,11 +194,11 @@ class TestCreateTreeCache(CustomTestCase):
     def tearDown(self):
         reset_context()
 
-    def build(self, model, policy="mla_aware"):
+    def build(self, model, policy="mla_aware", config=None):
         reset_context()
         server_args = ServerArgs(model_path="dummy", device="cpu", radix_eviction_policy=policy)
         publish(server_args, role="tokenizer")
-        params = cache_params(policy)
+        params = cache_params(policy, config)
         ctx = registry.TreeCacheBuildContext(
             server_args=server_args,
             params=params,
@@ -221,6 +223,12 @@ class TestCreateTreeCache(CustomTestCase):
         self.assertEqual(strategy.cost_model.tp_size, 8)
         self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
         self.assertFalse(strategy.host_aware)  # no HiCache: no host copies to look for
+        self.assertTrue(mla_victim_trim.trims(cache))
+
+    def test_trimming_can_be_switched_off(self):
+        cache, _ = self.build("deepseek-v3", config={"trim_victims": False})
+        self.assertIsInstance(cache.tree_core.eviction_strategy, MLAAwareStrategy)
+        self.assertFalse(mla_victim_trim.trims(cache))
 
     def test_host_copies_follow_hicache(self):
         reset_context()
@@ -236,11 +244,13 @@ class TestCreateTreeCache(CustomTestCase):
         self.assertIsNone(params.tree_core_backend)
         if cache._tree_core_backend == "python":
             self.assertIsInstance(cache.tree_core.eviction_strategy, LRUStrategy)
+        self.assertFalse(mla_victim_trim.trims(cache))
 
     def test_other_policies_untouched(self):
         cache, params = self.build("deepseek-v3", policy="lfu")
         self.assertEqual((params.eviction_policy, params.eviction_policy_config), ("lfu", None))
         self.assertIsNone(params.tree_core_backend)
+        self.assertFalse(mla_victim_trim.trims(cache))
 
 
 if __name__ == "__main__":

@@ -211,12 +211,15 @@ class TestReplayCli(CustomTestCase):
 
 class TestSimulatorInvariants(CustomTestCase):
     def test_pool_accounting_after_every_request(self):
-        """free + cached + held by running requests == pool, on both trees."""
+        """free + cached + held by running requests == pool, on both trees, with and without
+        victims trimmed to the shortfall."""
         trace = load_mooncake_trace(SHIPPED_TRACE, limit=300)
         cost = KVCostModel.from_preset("deepseek-v3")
-        for cache in ("unified", "radix"):
-            with self.subTest(cache):
-                r = Replayer(trace, cost, ReplayConfig(policy="lru", capacity_tokens=300_000, cache=cache))
+        for cache, trim in (("unified", "none"), ("unified", "all"), ("radix", "none"), ("radix", "all")):
+            with self.subTest(cache=cache, trim=trim):
+                r = Replayer(trace, cost, ReplayConfig(
+                    policy="lru", capacity_tokens=300_000, cache=cache, trim=trim,
+                ))
                 checked = []
 
                 def check():
@@ -232,14 +235,17 @@ class TestSimulatorInvariants(CustomTestCase):
                     r.allocator.size,
                 )
                 self.assertEqual(r.cache.protected_size(), 0)
-                # Evictions free whole nodes: at least what they were asked for, in tokens
-                # (the tree counts pages).
                 result = r.result
                 self.assertGreater(result.evictions, 0)
                 self.assertGreater(result.shortfall_tokens, 0)
-                self.assertLessEqual(result.shortfall_tokens, result.evicted_tokens)
                 self.assertEqual(result.evicted_tokens % r.cfg.page_size, 0)
-                self.assertGreater(result.evicted_tokens, result.evictions * r.cfg.page_size)
+                # Only the unified tree without a host tier trims.
+                self.assertEqual(result.trimmed, cache == "unified" and trim == "all")
+                if result.trimmed:  # every eviction frees what it was asked for, in tokens
+                    self.assertEqual(result.evicted_tokens, result.shortfall_tokens)
+                else:  # whole nodes: at least that, more than a page each (the tree counts pages)
+                    self.assertLessEqual(result.shortfall_tokens, result.evicted_tokens)
+                    self.assertGreater(result.evicted_tokens, result.evictions * r.cfg.page_size)
 
 
 class TestKnownOutputs(CustomTestCase):
