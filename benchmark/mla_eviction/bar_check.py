@@ -18,7 +18,8 @@ with the measured numbers and PASS or MISS:
   tree core; the least of ``--cpu-runs`` replays of each) under 1 % of the mean modelled
   prefill time per request.
 
-The share of the LRU-to-bound gap closed is reported per row. The exit status is 0
+The share of the LRU-to-bound gap closed is reported per row. ``--trim-victims all``
+checks the policy alone: every policy then frees only what an eviction asks for. The exit status is 0
 whatever the outcome (this is a report); 2 on bad arguments.
 """
 
@@ -62,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
     p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
+    p.add_argument("--trim-victims", choices=("policy", "all", "none"), default="policy",
+                   help="replay.py's: 'all' gives the built-ins and the bound the trimmed "
+                        "evictions mla_aware has, 'none' takes them from mla_aware too")
     p.add_argument("--jobs", type=int, default=replay.DEFAULT_JOBS)
     p.add_argument("--cpu-runs", type=int, default=3,
                    help="replays of LRU and mla_aware whose least cache CPU the cpu check takes")
@@ -101,6 +105,7 @@ def replay_source(name: str, args, host_tier: bool = False, policies: str = "") 
     rargs = replay.parse_args([
         *args.source_args[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
         "--capacity", args.capacity, "--policies", policies, "--jobs", str(args.jobs),
+        "--trim-victims", args.trim_victims,
         *(["--host-tier", "4x"] if host_tier else []),
         *(["--no-progress"] if args.no_progress else []),
     ])

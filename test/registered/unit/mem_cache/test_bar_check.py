@@ -145,6 +145,23 @@ class TestCli(CustomTestCase):
             self.assertEqual(status, 2)
             self.assertIn("t.jsonl.missing: no such file", err.getvalue())
 
+    def test_trim_victims_reaches_every_replay(self):
+        lines = [{"timestamp": 1000 * i, "input_length": 1500, "output_length": 10,
+                  "hash_ids": [0, 1 + i % 3, 4 + i]} for i in range(12)]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "t.jsonl"
+            path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            for trim, lru_trims in (("policy", False), ("all", True), ("none", False)):
+                with self.subTest(trim=trim):
+                    args = bar_check.parse_args(["--trace", f"tiny={path}", "--sources", "tiny",
+                                                 "--capacity", "25%", "--jobs", "1",
+                                                 "--trim-victims", trim, "--no-progress"])
+                    with contextlib.redirect_stderr(io.StringIO()):
+                        results = bar_check.replay_source("tiny", args)
+                    trimmed = {r["policy"]: r["trimmed"] for r in results}
+                    self.assertEqual(trimmed["lru"], lru_trims)
+                    self.assertEqual(trimmed["mla_aware"], trim != "none")
+
     def test_small_run_end_to_end(self):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
