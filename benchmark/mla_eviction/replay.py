@@ -62,8 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy-config", default=None, help="JSON config for mla_aware")
     p.add_argument("--trim-victims", choices=("policy", "all", "none"), default="policy",
                    help="free only the shortfall by trimming an eviction's last victim: where "
-                        "the policy asks for it (mla_aware, as in a server), for every policy, "
-                        "or never (unified tree without a host tier only)")
+                        "the policy asks for it (mla_aware, as in a server, and the bound), for "
+                        "every policy, or never (unified tree without a host tier only)")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
     p.add_argument("--gpu-tflops", type=float, default=3200.0,

@@ -68,7 +68,8 @@ class ReplayConfig:
     clock: str = "tick"  # legacy tree's clock: "tick", or "per-read" (moves at every read)
     policy_config: Optional[dict] = None
     # Trim the last victim of an eviction to the shortfall (mla_victim_trim): "policy" where
-    # the strategy asks for it (as the server does), "all" for every policy, "none".
+    # the strategy asks for it (as the server does; mla_aware and the bound), "all" for
+    # every policy, "none".
     trim: str = "policy"
     decode_s_per_token: float = 0.03
     capacity_fraction: Optional[float] = None
@@ -158,8 +159,12 @@ class BeladyStrategy(EvictionStrategy):
 
     Any request that reuses part of a node passes through the node's first block, so
     that block's next use is the node's. Needs the whole trace up front; a bound for
-    comparison, never a deployable policy.
+    comparison, never a deployable policy. It asks for trimmed victims, as ``mla_aware``
+    does: a bound that freed whole nodes would fall below a policy that frees only the
+    shortfall.
     """
+
+    trim_victims = True
 
     def __init__(self, future: FutureIndex, pages_per_block: int):
         self.future = future

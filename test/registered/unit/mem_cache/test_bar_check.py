@@ -161,6 +161,7 @@ class TestCli(CustomTestCase):
                     trimmed = {r["policy"]: r["trimmed"] for r in results}
                     self.assertEqual(trimmed["lru"], lru_trims)
                     self.assertEqual(trimmed["mla_aware"], trim != "none")
+                    self.assertEqual(trimmed["optimal"], trim != "none")
 
     def test_small_run_end_to_end(self):
         out = io.StringIO()
