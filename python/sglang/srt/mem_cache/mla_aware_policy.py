@@ -157,11 +157,17 @@ class MLAAwareStrategy(EvictionStrategy):
 
         ``lower`` keeps the node's record and, scored again, takes its new start as ghost
         signature (so its return is recognised); ``upper`` stands in for the node under its
-        parent and keeps its probation state, proven or not.
+        parent and keeps its probation state, proven or not, and its price per byte: a
+        trim says nothing new of the content, and pricing the shorter head by its own
+        length would make it look cheaper and send it next (docs: victim trimming).
         """
+        density = getattr(lower.__dict__.get("_mla_seen"), "density", None)
         self.get_priority(lower)
         self.get_priority(upper)
-        upper._mla_seen.probationary = lower._mla_seen.probationary
+        seen = upper._mla_seen
+        seen.probationary = lower._mla_seen.probationary
+        if density is not None and seen.backed == lower._mla_seen.backed:
+            seen.density, seen.hits = density, None  # the value is recomputed at the next score
 
     def value(self, node: Any) -> float:
         """Restore seconds per byte times ``(1 + reuse_hits) ** hit_exponent``."""

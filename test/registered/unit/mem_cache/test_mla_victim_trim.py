@@ -6,6 +6,7 @@ the two hooks of ``mla_victim_trim`` as a server does after loading the plugin.
 
 import unittest
 from array import array
+from types import SimpleNamespace
 
 import torch
 
@@ -163,6 +164,11 @@ class TestMLAAwareState(CustomTestCase):
         head = first_node(cache, A)
         self.assertEqual(len(head.key), 8)
         self.assertFalse(head._mla_seen.probationary)  # without on_split: probationary
+        # priced per byte as the ten-token node was, not as a node of eight
+        strategy = cache.tree_core.eviction_strategy
+        whole = strategy._restore_seconds_per_byte(SimpleNamespace(key=A), backed=False)
+        self.assertEqual(head._mla_seen.density, whole)
+        self.assertGreater(whole, strategy.restore_seconds_per_byte(head))
         insert(cache, A)  # the tail returns ...
         cache.evict(EvictParams(num_tokens=1))  # ... and its next score says so
         self.assertEqual(learning.returns, [1, 1])
