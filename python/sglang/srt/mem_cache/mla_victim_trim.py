@@ -2,12 +2,15 @@
 
 SGLang asks its radix tree for the shortfall of an allocation, and the tree frees whole
 leaves until that much is free: the last victim usually frees more than was asked for
-(about twice the shortfall on the shipped Mooncake trace, most of it at small capacities,
-docs/advanced_features/mla_aware_eviction.md). Where trimming is on, a victim longer than
-what is still missing is split first (on a page boundary) and only its tail is evicted;
-the head stays cached with the victim's age, hits and creation time, and a strategy with
-an ``on_split(upper, lower)`` method is told, so it can carry the victim's state over to
-the head.
+(about twice the shortfall on the shipped Mooncake trace, docs/advanced_features/
+mla_aware_eviction.md). Where trimming is on and freeing the last victim whole would
+leave more than ``MIN_SURPLUS_SHARE`` of the pool free beyond the request, the victim is
+split first (on a page boundary) and only the tail still missing is evicted; the head
+stays cached with the victim's age, hits and creation time, and a strategy with an
+``on_split(upper, lower)`` method is told, so it can carry the victim's state over to the
+head. A smaller surplus is left free: the next allocations take it, while an eviction that
+frees exactly its request leaves none, so the next allocation needs another eviction
+(another heap build over every evictable leaf).
 
 Trimming is on for a cache whose eviction strategy has a true ``trim_victims`` attribute
 (``mla_aware`` by default) and whose tree :func:`supports` it: SGLang's
@@ -29,7 +32,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-_REQUEST = "_mla_trim_request"  # tree-core attribute: the Full request of the walk running
+_REQUEST = "_mla_trim_request"  # tree-core attribute: (Full request, least surplus trimmed)
+MIN_SURPLUS_SHARE = 0.01  # of the pool: a victim is trimmed only to save more than this
 
 HOOKS = {
     "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict": "_around_evict",
@@ -71,7 +75,7 @@ def eviction(cache: Any, num_tokens: int) -> Iterator[None]:
         yield
         return
     core = cache.tree_core
-    setattr(core, _REQUEST, num_tokens)
+    setattr(core, _REQUEST, (num_tokens, MIN_SURPLUS_SHARE * cache.token_to_kv_pool_allocator.size))
     try:
         yield
     finally:
@@ -80,30 +84,33 @@ def eviction(cache: Any, num_tokens: int) -> Iterator[None]:
 
 def trim_victim(core: Any, component_type: Any, tracker: dict, result: Any) -> None:
     """After a step of ``core``'s eviction walk: trim the victim it picked (``result``) to
-    what the walk still misses (its request less ``tracker``'s count), rounded up to a page.
+    what the walk still misses (its request less ``tracker``'s count), rounded up to a page,
+    where that saves at least ``MIN_SURPLUS_SHARE`` of the pool.
 
     Outside :func:`eviction` on a trimming cache, nothing. A walk already past its request
     (an availability target the allocator has not yet seen met) takes whole victims.
     """
-    request = getattr(core, _REQUEST, None)
-    if request is None or result.node_id is None:
+    walk = getattr(core, _REQUEST, None)
+    if walk is None or result.node_id is None:
         return
+    request, least_surplus = walk
     missing = request - tracker.get(component_type, 0)
     if missing > 0:
-        action = trim(core, core.node_by_id(result.node_id), missing)
+        action = trim(core, core.node_by_id(result.node_id), missing, least_surplus)
         if action is not None:
             result.cache_actions.append(action)
 
 
-def trim(core: Any, victim: Any, missing: int) -> Any:
+def trim(core: Any, victim: Any, missing: int, least_surplus: float = 1) -> Any:
     """Split ``victim`` so that it keeps only its last ``missing`` tokens (page-rounded);
-    the new head above it keeps the victim's age. No-op where the victim is no longer.
+    the new head above it keeps the victim's age. No-op where that would keep fewer than
+    ``least_surplus`` tokens (none where the victim is no longer than ``missing``).
 
     Returns the split's cache action (``None`` on a tree without host memory).
     """
     page = core.page_size
     keep = len(victim.key) - -(-missing // page) * page
-    if keep <= 0:
+    if keep <= 0 or keep < least_surplus:
         return None
     last_access_time = victim.last_access_time
     head, action = core._split_node(victim.key, victim, keep)

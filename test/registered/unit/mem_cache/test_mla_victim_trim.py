@@ -33,13 +33,13 @@ def setUpModule():
     HookRegistry.apply_hooks()
 
 
-def build(policy="lru", page_size=1, trim=True, kind="unified"):
-    """A real cache of ``POOL`` token slots whose strategy asks for trimming when ``trim``."""
+def build(policy="lru", page_size=1, trim=True, kind="unified", pool=POOL):
+    """A real cache of ``pool`` token slots whose strategy asks for trimming when ``trim``."""
     if page_size == 1:
-        allocator = TokenToKVPoolAllocator(POOL, torch.bfloat16, "cpu", kvcache=None, need_sort=False)
+        allocator = TokenToKVPoolAllocator(pool, torch.bfloat16, "cpu", kvcache=None, need_sort=False)
     else:
         allocator = PagedTokenToKVPoolAllocator(
-            POOL, page_size, torch.bfloat16, "cpu", kvcache=None, need_sort=False
+            pool, page_size, torch.bfloat16, "cpu", kvcache=None, need_sort=False
         )
     params = CacheInitParams(
         disable=False,
@@ -103,6 +103,14 @@ class TestFreesWhatIsAsked(CustomTestCase):
         # A is older: it goes whole, then B loses the two tokens still missing.
         self.assertEqual(cache.evict(EvictParams(num_tokens=12)).num_tokens_evicted, 12)
         self.assertEqual((cached(cache, A), cached(cache, B)), (0, 8))
+
+    def test_a_surplus_below_a_hundredth_of_the_pool_stays_free(self):
+        # 7 tokens over the request: trimmed in a pool of 700 slots, not in one of 701 or more.
+        for pool, freed in ((700, 3), (701, 10), (2000, 10)):
+            with self.subTest(pool=pool):
+                cache = build(pool=pool)
+                insert(cache, A)
+                self.assertEqual(cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted, freed)
 
     def test_rounds_up_to_a_page(self):
         cache = build(page_size=4)
