@@ -35,12 +35,6 @@ from typing import Any, Callable, Iterator
 _REQUEST = "_mla_trim_request"  # tree-core attribute: (Full request, least surplus trimmed)
 MIN_SURPLUS_SHARE = 0.01  # of the pool: a victim is trimmed only to save more than this
 
-HOOKS = {
-    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict": "_around_evict",
-    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore."
-    "evict_device_next_node": "_around_next_node",
-}
-
 
 def supports(cache: Any) -> bool:
     """Whether victims of ``cache`` can be trimmed (see the module docstring)."""
@@ -125,8 +119,7 @@ def register_hooks() -> None:
     """Wrap both tree methods through SGLang's ``HookRegistry`` (idempotent)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, name in HOOKS.items():
-        hook = globals()[name]
+    for target, hook in HOOKS.items():
         if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ())):
             HookRegistry.register(target, hook, HookType.AROUND)
 
@@ -140,3 +133,11 @@ def _around_next_node(original: Callable, core: Any, component_type: Any, tracke
     result = original(core, component_type, tracker, *args)
     trim_victim(core, component_type, tracker, result)
     return result
+
+
+# SGLang method -> the AROUND hook the plugin wraps it with.
+HOOKS = {
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict": _around_evict,
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore."
+    "evict_device_next_node": _around_next_node,
+}

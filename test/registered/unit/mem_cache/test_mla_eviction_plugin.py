@@ -43,7 +43,7 @@ HOOKED = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": add_flag,
     "sglang.srt.server_args.ServerArgs.from_cli_args": apply_flag,
     "sglang.srt.mem_cache.registry.create_tree_cache": prepare_tree_cache,
-    **{target: getattr(mla_victim_trim, name) for target, name in mla_victim_trim.HOOKS.items()},
+    **mla_victim_trim.HOOKS,
 }
 
 
