@@ -19,8 +19,8 @@ with the measured numbers and PASS or MISS:
   prefill time per request.
 
 The share of the LRU-to-bound gap closed is reported per row. ``--trim-victims all``
-checks the policy alone: every policy then frees only what an eviction asks for. The exit status is 0
-whatever the outcome (this is a report); 2 on bad arguments.
+checks the policy alone: every policy then frees only what an eviction asks for. The
+exit status is 0 whatever the outcome (this is a report); 2 on bad arguments.
 """
 
 from __future__ import annotations

@@ -223,7 +223,8 @@ def plan(args, trace, cost):
             configs.append(ReplayConfig(
                 policy=name, capacity_tokens=tokens, mode=args.mode, cache=cache,
                 page_size=args.page_size, host_tier_tokens=host_tokens, clock=args.clock,
-                policy_config=cfg, trim=args.trim_victims, decode_s_per_token=args.decode_ms_per_token / 1e3,
+                policy_config=cfg, trim=args.trim_victims,
+                decode_s_per_token=args.decode_ms_per_token / 1e3,
                 capacity_fraction=share, capacity_label=label,
             ))
     return configs

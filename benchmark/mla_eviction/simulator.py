@@ -43,9 +43,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 from sglang.srt.mem_cache.mla_cost_model import KVCostModel
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey

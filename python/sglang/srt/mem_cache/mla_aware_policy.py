@@ -36,9 +36,10 @@ its sharing should have kept it), a young probationary one lowers it (its low va
 evicted it early); the mixed cases leave it. Both start at 1.
 
 The strategy only scores; the cache decides how much to free. With ``trim_victims`` (on by
-default) the strategy asks the tree to free exactly what an eviction is asked for, no more:
-the last victim is split and only its tail goes (:mod:`mla_victim_trim`, on trees that
-support it); :meth:`MLAAwareStrategy.on_split` keeps the head's learning state.
+default) the strategy asks the tree to free what an eviction is asked for rather than
+whole leaves: the last victim is split and only the tail still missing goes
+(:mod:`mla_victim_trim`, on trees that support it, where that saves more than 1 % of the
+pool); :meth:`MLAAwareStrategy.on_split` keeps the head's state.
 """
 
 from __future__ import annotations

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.mla_aware_policy import (
     POLICY_NAME,
     create_mla_aware_strategy,
     mla_aware_policy_config,
 )
-from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.mla_cost_model import LATENT_KINDS, KVCostModel, ModelConfigError
 
 logger = logging.getLogger(__name__)

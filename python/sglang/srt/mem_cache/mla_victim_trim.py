@@ -129,7 +129,9 @@ def _around_evict(original: Callable, cache: Any, params: Any, *args: Any, **kwa
         return original(cache, params, *args, **kwargs)
 
 
-def _around_next_node(original: Callable, core: Any, component_type: Any, tracker: dict, *args: Any):
+def _around_next_node(
+    original: Callable, core: Any, component_type: Any, tracker: dict, *args: Any
+):
     result = original(core, component_type, tracker, *args)
     trim_victim(core, component_type, tracker, result)
     return result
