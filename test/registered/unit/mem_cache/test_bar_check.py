@@ -100,6 +100,15 @@ class TestChecks(CustomTestCase):
         self.assertTrue(text.startswith("| check | source | capacity | mla_aware |"))
 
 
+def tiny_trace(directory: Path) -> Path:
+    """A 12-request Mooncake-format trace written to ``directory/t.jsonl``."""
+    lines = [{"timestamp": 1000 * i, "input_length": 1500, "output_length": 10,
+              "hash_ids": [0, 1 + i % 3, 4 + i]} for i in range(12)]
+    path = directory / "t.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
 class TestCli(CustomTestCase):
     def test_unknown_source_exits_2(self):
         err = io.StringIO()
@@ -125,11 +134,8 @@ class TestCli(CustomTestCase):
             self.assertIn(says, err.getvalue())
 
     def test_trace_source_end_to_end(self):
-        lines = [{"timestamp": 1000 * i, "input_length": 1500, "output_length": 10,
-                  "hash_ids": [0, 1 + i % 3, 4 + i]} for i in range(12)]
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "t.jsonl"
-            path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            path = tiny_trace(Path(tmp))
             out = io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
                 status = bar_check.main(["--trace", f"tiny={path}", "--sources", "tiny",
@@ -146,11 +152,8 @@ class TestCli(CustomTestCase):
             self.assertIn("t.jsonl.missing: no such file", err.getvalue())
 
     def test_trim_victims_reaches_every_replay(self):
-        lines = [{"timestamp": 1000 * i, "input_length": 1500, "output_length": 10,
-                  "hash_ids": [0, 1 + i % 3, 4 + i]} for i in range(12)]
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "t.jsonl"
-            path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            path = tiny_trace(Path(tmp))
             for trim, lru_trims in (("policy", False), ("all", True), ("none", False)):
                 with self.subTest(trim=trim):
                     args = bar_check.parse_args(["--trace", f"tiny={path}", "--sources", "tiny",
