@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
     p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
-    p.add_argument("--trim-victims", choices=("policy", "all", "none"), default="policy",
+    p.add_argument("--trim-victims", choices=replay.TRIM_VICTIMS, default="policy",
                    help="replay.py's: 'all' gives the built-ins and the bound the trimmed "
                         "evictions mla_aware has, 'none' takes them from mla_aware too")
     p.add_argument("--jobs", type=int, default=replay.DEFAULT_JOBS)

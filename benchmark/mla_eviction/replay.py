@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 DEFAULT_POLICIES = "lru,lfu,fifo,slru,priority,tlru,mla_aware,optimal"
 DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
+TRIM_VICTIMS = ("policy", "all", "none")  # simulator.ReplayConfig.trim
 RATE_KEYS = ("token_hit_rate", "flop_hit_rate")
 
 
@@ -60,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--policy-config", default=None, help="JSON config for mla_aware")
-    p.add_argument("--trim-victims", choices=("policy", "all", "none"), default="policy",
+    p.add_argument("--trim-victims", choices=TRIM_VICTIMS, default="policy",
                    help="free only the shortfall by trimming an eviction's last victim: where "
                         "the policy asks for it (mla_aware, as in a server, and the bound), for "
                         "every policy, or never (unified tree without a host tier only)")

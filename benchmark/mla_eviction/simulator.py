@@ -89,7 +89,7 @@ class ReplayResult:
     prompt_flops: float = 0.0
     saved_flops: float = 0.0
     evicted_tokens: int = 0
-    shortfall_tokens: int = 0  # what the evictions were asked for; the tree frees whole nodes
+    shortfall_tokens: int = 0  # what the evictions were asked for; evicted_tokens may be more
     evictions: int = 0
     cache_cpu_s: float = 0.0
     prefill_s: float = 0.0  # modelled prefill (recompute + reload) of admitted requests
