@@ -93,12 +93,14 @@ class ReplayResult:
     evictions: int = 0
     cache_cpu_s: float = 0.0
     prefill_s: float = 0.0  # modelled prefill (recompute + reload) of admitted requests
+    # Per admitted request (timed mode): its TTFT's (wait, recompute, reload) seconds.
     ttfts: list = dataclasses.field(default_factory=list, repr=False)
     learnt: Optional[dict] = None  # mla_aware: what its GhostLearning ended with
     trimmed: bool = False  # the tree trimmed victims to the shortfall
 
     def summary(self) -> dict:
-        ttft = np.asarray(self.ttfts) if self.ttfts else None
+        parts = np.asarray(self.ttfts).reshape(-1, 3)
+        ttft = ttft_seconds(parts) if len(parts) else None
         served = max(self.requests - self.rejected, 1)
         cfg = self.config
         return {
@@ -118,6 +120,8 @@ class ReplayResult:
             "flop_hit_rate": self.saved_flops / max(self.prompt_flops, 1.0),
             "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft is not None else None,
             "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft is not None else None,
+            "ttft_mean_s": float(ttft.mean()) if ttft is not None else None,
+            "ttft_p50_parts_s": median_make_up(parts),
             "evictions": self.evictions,
             "evicted_tokens": self.evicted_tokens,
             "shortfall_tokens": self.shortfall_tokens,
@@ -126,6 +130,25 @@ class ReplayResult:
             "prefill_ms_per_request": 1e3 * self.prefill_s / served,
             "learnt": self.learnt,
         }
+
+
+def ttft_seconds(parts: np.ndarray) -> np.ndarray:
+    """TTFTs from rows of ``(wait, recompute, reload)`` seconds: wait plus prefill."""
+    return parts[:, 0] + (parts[:, 1] + parts[:, 2])
+
+
+def median_make_up(parts: np.ndarray) -> Optional[dict]:
+    """What the median TTFT is made of: the mean wait, recompute and reload seconds, from
+    rows of ``(wait, recompute, reload)``, of the ``n`` requests' ranks ``n // 2 - n // 200``
+    to ``n // 2 + n // 200`` by TTFT (the middle 1 %, at least one request); None without
+    rows. The three sum to that band's mean TTFT."""
+    if not len(parts):
+        return None
+    order = np.argsort(ttft_seconds(parts), kind="stable")
+    half = len(order) // 200
+    mid = len(order) // 2
+    band = parts[order[max(mid - half, 0): mid + half + 1]].mean(axis=0)
+    return dict(zip(("wait", "recompute", "reload"), map(float, band)))
 
 
 class FutureIndex:
@@ -496,13 +519,12 @@ class Replayer:
         if self.host is not None:
             host = self.host.hit_pages(pages[:prompt_pages].tolist(), prefix)
         hit, host_tokens = self._account_hit(req, prefix, host)
-        prefill_s = (
-            self.cost.prefill_seconds(hit, req.input_length)
-            + host_tokens * self.cost.reload_seconds_per_token
-        )
+        recompute_s = self.cost.prefill_seconds(hit, req.input_length)
+        reload_s = host_tokens * self.cost.reload_seconds_per_token
+        prefill_s = recompute_s + reload_s
         self.result.prefill_s += prefill_s
         if not self.sequential:
-            self.result.ttfts.append(now - req.timestamp_s + prefill_s)
+            self.result.ttfts.append((now - req.timestamp_s, recompute_s, reload_s))
         prefix_values = self.cache.path_device_indices(match.last_device_node)[:prefix]
         return {
             "prefilled": now + prefill_s,

@@ -12,6 +12,8 @@ import unittest
 from unittest import mock
 from pathlib import Path
 
+import numpy as np
+
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -21,7 +23,7 @@ _REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(_REPO / "benchmark" / "mla_eviction"))
 
 import replay  # noqa: E402
-from simulator import Replayer, ReplayConfig, TickClock  # noqa: E402
+from simulator import Replayer, ReplayConfig, TickClock, median_make_up  # noqa: E402
 from traces import Request, Trace, load_mooncake_trace  # noqa: E402
 
 from sglang.srt.mem_cache import mla_victim_trim  # noqa: E402
@@ -252,6 +254,47 @@ class TestSimulatorInvariants(CustomTestCase):
                 else:  # whole nodes: more than a page each (the tree counts pages)
                     self.assertGreater(result.evicted_tokens, result.evictions * r.cfg.page_size)
                     whole_surplus = surplus
+
+
+class TestTtftMakeUp(CustomTestCase):
+    def test_median_band_is_the_middle_one_percent_by_ttft(self):
+        # 401 requests, TTFT (i + 1) ** 2 s, in no order: ranks 198..202 (n // 2 +- n // 200),
+        # whose mean recompute is 200 ** 2 + mean((-2..2) ** 2).
+        rows = np.array([(1.0, i * i, 2.0 * i) for i in range(401)])
+        parts = median_make_up(np.random.default_rng(0).permutation(rows))
+        self.assertEqual(parts, {"wait": 1.0, "recompute": 40_002.0, "reload": 400.0})
+
+    def test_few_rows(self):
+        self.assertIsNone(median_make_up(np.zeros((0, 3))))
+        one = median_make_up(np.array([(1.0, 2.0, 3.0)]))
+        self.assertEqual(one, {"wait": 1.0, "recompute": 2.0, "reload": 3.0})
+        # Two requests: the upper middle (rank 1), not a mean of both.
+        two = median_make_up(np.array([(0.0, 9.0, 0.0), (0.0, 1.0, 0.0)]))
+        self.assertEqual(two["recompute"], 9.0)
+
+    def test_each_ttft_is_split_into_wait_recompute_and_reload(self):
+        """Reload seconds are the host tier's hits at the reload rate; no tier, no reload."""
+        trace = load_mooncake_trace(SHIPPED_TRACE, limit=300)
+        cost = KVCostModel.from_preset("deepseek-v3")
+        for host in (0, 1_200_000):
+            with self.subTest(host_tier_tokens=host):
+                r = Replayer(trace, cost, ReplayConfig(
+                    policy="lru", capacity_tokens=300_000, cache="radix", host_tier_tokens=host,
+                ))
+                result = r.run()
+                rows = np.array(result.ttfts)
+                self.assertEqual(rows.shape, (result.requests - result.rejected, 3))
+                self.assertTrue((rows >= 0).all())
+                reloaded = rows[:, 2].sum() / cost.reload_seconds_per_token
+                self.assertAlmostEqual(reloaded, result.host_hit_tokens, delta=1e-6 * reloaded)
+                self.assertEqual(result.host_hit_tokens > 0, host > 0)
+                self.assertAlmostEqual(rows[:, 1:].sum(), result.prefill_s, delta=1e-9 * result.prefill_s)
+                summary = result.summary()
+                self.assertAlmostEqual(summary["ttft_mean_s"], rows.sum(axis=1).mean())
+                parts = sum(summary["ttft_p50_parts_s"].values())
+                ttft = np.sort(rows.sum(axis=1))
+                n = len(ttft)
+                self.assertTrue(ttft[n // 2 - n // 200] <= parts <= ttft[n // 2 + n // 200])
 
 
 class TestKnownOutputs(CustomTestCase):
