@@ -20,7 +20,8 @@ changes as commits and writes them with ``git format-patch`` into DIR
    config passed to the policy where ``kv_cache_builder.py`` builds ``CacheInitParams``;
    victim trimming (``mla_victim_trim``): ``eviction(...)`` around the component walk of
    ``UnifiedRadixCache._evict`` and ``trim_victim(...)`` in each step of
-   ``UnifiedTreeCore.evict_device_next_node``;
+   ``UnifiedTreeCore.evict_device_next_node``; the leaf index (``mla_leaf_index``):
+   ``start_walk``, ``next_node`` and ``end_walk`` in the Full component's eviction walk;
 3. the tests: every ``test/registered/unit/mem_cache/test_*.py`` that depends on nothing
    outside the exported modules (no plugin, no version check, nothing under
    ``benchmark/``), plus ``test_mla_aware_eviction_wiring.py``, generated here, which tests
@@ -305,6 +306,8 @@ _POLICY_CONFIG_CALL = '''\
 '''
 
 # Victim trimming (mla_victim_trim): the eviction's request, then each step of the walk.
+# The leaf index (mla_leaf_index): the Full component's walk, begun, stepped and ended.
+_FULL_COMPONENT = f"{_SRT}/mem_cache/unified_cache/components/full.py"
 _EVICT_COMPONENTS_CALL = """\
         self._evict_components(
             request_by_type,
@@ -412,6 +415,26 @@ EDITS: tuple[Edit, ...] = (
         "        result.made_progress = (\n            result.node_id is not None\n",
         "        mla_victim_trim.trim_victim(self, component_type, tracker, result)\n",
         where="before",
+    ),
+    Edit(_FULL_COMPONENT, "from sglang.srt.mem_cache.base_prefix_cache import (\n",
+         "from sglang.srt.mem_cache import mla_leaf_index\n", where="before"),
+    Edit(
+        _FULL_COMPONENT,
+        "    def _evict_device_start(self, request_cnt: int) -> None:\n",
+        "        if mla_leaf_index.start_walk(self, request_cnt):\n            return\n",
+    ),
+    Edit(
+        _FULL_COMPONENT,
+        "        ct = self.component_type\n        lv = self._evict_device_last_node\n",
+        "        index = mla_leaf_index.walking(self)\n"
+        "        if index is not None:\n"
+        "            return mla_leaf_index.next_node(self, index, tracker)\n",
+        where="before",
+    ),
+    Edit(
+        _FULL_COMPONENT,
+        "    def _evict_device_end(self) -> None:\n",
+        "        mla_leaf_index.end_walk(self)\n",
     ),
 )
 

@@ -39,7 +39,9 @@ The strategy only scores; the cache decides how much to free. With ``trim_victim
 default) the strategy asks the tree to free what an eviction is asked for rather than
 whole leaves: the last victim is split and only the tail still missing goes
 (:mod:`mla_victim_trim`, on trees that support it, where that saves more than 1 % of the
-pool); :meth:`MLAAwareStrategy.on_split` keeps the head's state.
+pool); :meth:`MLAAwareStrategy.on_split` keeps the head's state. With ``indexed_eviction``
+(on by default) an eviction scores only the leaves that changed and the oldest of each
+:meth:`MLAAwareStrategy.score_class`, with the same victims (:mod:`mla_leaf_index`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ _TUNABLE_KEYS = {
     "probation": (bool, True),
     "value_weight": (bool, True),
     "trim_victims": (bool, True),
+    "indexed_eviction": (bool, True),
 }
 
 
@@ -102,12 +105,16 @@ class MLAAwareStrategy(EvictionStrategy):
         probation: bool = True,
         value_weight: bool = True,
         trim_victims: bool = True,
+        indexed_eviction: bool = True,
         key_unit_tokens: int = 1,
     ):
         self.cost_model = cost_model
         # Read by the integration, not here: evict only the needed tail of the last victim
         # where the tree supports it (mla_victim_trim).
         self.trim_victims = trim_victims
+        # Also read by the integration: walk the evictable leaves by score class
+        # (mla_leaf_index); the victims are the same, the scores fewer.
+        self.indexed_eviction = indexed_eviction
         self.key_unit_tokens = key_unit_tokens
         self.hit_exponent = float(hit_exponent)
         self.hit_cap = hit_cap
@@ -151,6 +158,14 @@ class MLAAwareStrategy(EvictionStrategy):
         if seen.probationary:
             age *= learning.factor
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
+
+    def score_class(self, node: Any) -> tuple:
+        """The class of a node just scored: its probation state, price per byte and
+        counted hits. Nodes of one class share ``factor`` and ``value``, so
+        :meth:`get_priority` orders them as their ``last_access_time`` at every clock
+        reading, factor and weight (what :mod:`mla_leaf_index` rests on)."""
+        seen = node._mla_seen
+        return (seen.probationary, seen.density, self._capped_hits(seen.hits, seen.children))
 
     def on_split(self, upper: Any, lower: Any) -> None:
         """The tree split a scored node to evict only its ``lower`` part
@@ -238,9 +253,10 @@ class GhostLearning:
       within ``WEIGHT_BOUNDS`` and settles where a share ``RHO`` of the victims that move
       it are old and proven.
 
-    Heap builds: a tree scores each evictable leaf once per build (``RadixCache.evict``,
-    the unified tree's ``evict_device_start``), so a node scored twice in the current
-    build starts a new one, whatever the clock. A clock that has been seen to stand still
+    Heap builds: where the tree says where its eviction walks begin (the unified tree,
+    through :mod:`mla_leaf_index`), each walk begins one (:meth:`start_build`). Elsewhere a
+    tree scores each evictable leaf once per build (``RadixCache.evict``), so a node
+    scored twice in the current build starts a new one, whatever the clock. A clock that has been seen to stand still
     between two scores counts ticks (the unified tree's counter, a replay's clock), and
     there a move of the clock starts a build too, so nodes first scored ahead of the
     first repeat, in the set's order, cannot land in the build before. The oldest age of
@@ -311,6 +327,15 @@ class GhostLearning:
         if age > self._build_oldest:
             self._build_oldest = age
         return seen
+
+    def start_build(self, now: float) -> None:
+        """A heap build begins at clock ``now``: for a tree that says where its eviction
+        walks begin (:mod:`mla_leaf_index`, which scores only some leaves in a build)."""
+        if now != self._now:
+            self._now = now
+            if self._dirty:
+                self._apply()
+        self._new_build()
 
     def _first_sight(self, node: Any) -> "_Seen":
         signature = ghost_signature(node)

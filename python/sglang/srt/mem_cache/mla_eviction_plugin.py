@@ -14,7 +14,8 @@ before the tree cache is built. Nothing in the installed ``sglang`` is edited:
   ``--radix-eviction-policy mla_aware``, (c) select the Python tree core of
   ``UnifiedRadixCache``, since the compiled one knows only the built-in policies, and
   (d) say in the log whether victims will be trimmed to the shortfall
-  (:mod:`mla_victim_trim`, whose two tree hooks :func:`register` installs as well).
+  (:mod:`mla_victim_trim`, whose two tree hooks :func:`register` installs as well, as it
+  does the three walk hooks of :mod:`mla_leaf_index`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from sglang.srt.mem_cache import mla_victim_trim
+from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
 from sglang.srt.mem_cache.mla_aware_policy import (
     POLICY_NAME,
     create_mla_aware_strategy,
@@ -65,6 +66,7 @@ def register() -> None:
         if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ())):
             HookRegistry.register(target, hook, kind)
     mla_victim_trim.register_hooks()
+    mla_leaf_index.register_hooks()
 
 
 def add_flag(_result: Any, parser: Any) -> None:

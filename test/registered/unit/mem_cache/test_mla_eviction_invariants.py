@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from sglang.srt.mem_cache import mla_victim_trim
+from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -440,6 +440,73 @@ class TestHypothesisInterleavings(CustomTestCase):
         for op in ops:
             d.step(op)
         d.close()
+
+
+class TestIndexedWalkTakesTheSameVictims(CustomTestCase):
+    """The leaf index (``mla_leaf_index``) walks the evictable leaves by score class; the
+    full heap scores them all. Two drivers play the same operations on the same seed, one
+    with ``indexed_eviction`` off: after every operation both trees hold the same nodes
+    with the same hit counts, and both learnings the same factor and weight."""
+
+    @classmethod
+    def setUpClass(cls):
+        register()
+        HookRegistry.apply_hooks()
+
+    def test_same_trees_after_every_operation(self):
+        ops_per_config = max(TOTAL_OPS // 20, 500)
+        for i, (page, trim) in enumerate([(1, False), (4, False), (1, True), (4, True)]):
+            with self.subTest(page=page, trim=trim):
+                ops = random.Random(SEED + i).choices(CacheDriver.OPS, CacheDriver.WEIGHTS, k=ops_per_config)
+                # One driver after the other from the same reading of the tree's clock (a
+                # module-level counter that both would advance if run side by side).
+                start = unified_clock.read()
+                indexed = CacheDriver("unified", page, "mla_aware", trim=trim, seed=SEED + i)
+                states = [_state(indexed) for op in ops if indexed.step(op) is None]
+                unified_clock.set(start)
+                full = CacheDriver("unified", page, "mla_aware", trim=trim, seed=SEED + i)
+                full.strategy.indexed_eviction = False
+                for n, (op, state) in enumerate(zip(ops, states)):
+                    full.step(op)
+                    self.assertEqual(state, _state(full), f"seed {SEED}, operation {n} ({op})")
+                walks = [
+                    d.cache.tree_core.components_by_type[ComponentType.FULL].__dict__[
+                        mla_leaf_index._INDEX].walks
+                    for d in (indexed, full)
+                ]
+                self.assertGreater(walks[0], 0)
+                self.assertEqual(walks[1], 0)
+                self.assertGreater(sum(indexed.strategy.learning.returns), 0)
+
+
+class unified_clock:
+    """The unified tree's clock: a module-level counter stamped on every node touched."""
+
+    @staticmethod
+    def read():
+        from sglang.srt.mem_cache.unified_cache.components import base
+
+        return base._LAST_ACCESS_TIME_COUNTER_FLOAT
+
+    @staticmethod
+    def set(value):
+        from sglang.srt.mem_cache.unified_cache.components import base
+
+        base._LAST_ACCESS_TIME_COUNTER_FLOAT = value
+
+
+def _state(driver):
+    """The driver's tree, every node as (its tokens from the root, hit count, last access),
+    sorted, with the learnt factor and weight."""
+    nodes = []
+    for node in driver._nodes():
+        path, n = [], node
+        while n is not driver._root():
+            path[:0] = list(getattr(n.key, "token_ids", n.key))
+            n = n.parent
+        nodes.append((tuple(path), node.hit_count, node.last_access_time))
+    learning = driver.strategy.learning
+    return sorted(nodes), learning.factor, learning.weight
 
 
 class TestSoakHasNoGrowth(CustomTestCase):
