@@ -1,6 +1,7 @@
 """Tests for benchmark/mla_eviction/score_cost.py: scores counted, both policies timed."""
 
 import contextlib
+import dataclasses
 import io
 import sys
 import unittest
@@ -21,7 +22,8 @@ from simulator import Replayer  # noqa: E402
 from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy  # noqa: E402
 from sglang.srt.mem_cache.mla_eviction_plugin import register  # noqa: E402
 
-SOURCE = ["--workload", "chat", "--num-requests", "150", "--seed", "1", "--capacity", "5%"]
+# Shared few-shot examples at 25 %: enough leaves outlive each walk for the index to skip some.
+SOURCE = ["--workload", "few-shot", "--num-requests", "150", "--seed", "1", "--capacity", "25%"]
 
 
 class TestMeasure(CustomTestCase):
@@ -33,19 +35,25 @@ class TestMeasure(CustomTestCase):
 
     def test_counts_every_score_the_tree_asks_for(self):
         row = score_cost.measure(self.trace, self.cost, self.config, rounds=1)
-        # The same replay, counted on the class rather than by score_cost's wrapper.
-        original = MLAAwareStrategy.get_priority
-        with mock.patch.object(MLAAwareStrategy, "get_priority", autospec=True,
-                               side_effect=original) as counted:
-            result = Replayer(self.trace, self.cost, self.config).run()
-        self.assertGreater(counted.call_count, 0)
-        self.assertEqual(row["scores_per_request"], counted.call_count / result.requests)
+        # The same replays, counted on the class rather than by score_cost's wrapper.
+        counts = []
+        for indexed in (False, True):
+            config = dataclasses.replace(
+                self.config, policy_config={**self.config.policy_config, "indexed_eviction": indexed})
+            with mock.patch.object(MLAAwareStrategy, "get_priority", autospec=True,
+                                   side_effect=MLAAwareStrategy.get_priority) as counted:
+                result = Replayer(self.trace, self.cost, config).run()
+            counts.append(counted.call_count / result.requests)
+        self.assertEqual(row["scores_per_request"], counts[0])
+        self.assertEqual(row["indexed_scores_per_request"], counts[1])
+        self.assertGreater(counts[0], counts[1])  # the index scores fewer leaves
+        self.assertGreater(counts[1], 0)
         self.assertGreater(row["leaves"], 0)
         self.assertGreater(row["lru_ns"], 0)
         self.assertGreater(row["mla_aware_ns"], 0)
         self.assertAlmostEqual(
             row["added_us_per_request"],
-            row["scores_per_request"] * (row["mla_aware_ns"] - row["lru_ns"]) / 1e3,
+            (counts[1] * row["mla_aware_ns"] - counts[0] * row["lru_ns"]) / 1e3,
         )
 
 
@@ -59,7 +67,7 @@ class TestCli(CustomTestCase):
     def test_table(self):
         status, out, _ = self.run_main(*SOURCE, "--rounds", "1")
         self.assertEqual(status, 0)
-        self.assertIn("| 5% |", out)
+        self.assertIn("| 25% |", out)
 
     def test_bad_arguments_exit_2(self):
         for argv, message in ((["--rounds", "0"], "--rounds must be >= 1"),
