@@ -145,17 +145,61 @@ class TestLeafIndex(CustomTestCase):
             second = score.call_count
         self.assertEqual(first, leaves)  # every leaf is new to the index
         self.assertGreater(leaves, 3 * classes)
-        # The two touched leaves, each class's oldest and the next of the victim's class.
+        # Each class's oldest, the next of the victim's class, and the two leaves accessed
+        # in place if they come to the head of their old class.
         self.assertLessEqual(second, 2 + classes + 1)
         self.assertGreater(strategy.learning._build, 1)
+
+    def test_a_walk_does_not_read_the_unchanged_leaves(self):
+        cache = build(trim_victims=False)
+        batch = prompts(40)
+        for tokens in batch:
+            insert(cache, tokens)
+        cache.evict(EvictParams(num_tokens=1))
+        leaves = cache.tree_core.evictable_device_leaves
+        self.assertIsInstance(leaves, mla_leaf_index.TrackedLeaves)
+        touch(cache, batch[-1])
+        insert(cache, prompts(41)[-1])
+        with mock.patch.object(mla_leaf_index.TrackedLeaves, "__iter__",
+                               side_effect=AssertionError("the walk read every leaf")):
+            cache.evict(EvictParams(num_tokens=1))
+        index = full(cache).__dict__[mla_leaf_index._INDEX]
+        self.assertEqual(index.walks, 2)
+        self.assertLessEqual(set(index.live), set(leaves))
+        # A leaf the tree takes out of the set (a request locks it) leaves the index at once.
+        locked = max(index.live, key=lambda n: n.last_access_time)
+        cache.inc_lock_ref(locked.id)
+        self.assertNotIn(locked, leaves)
+        self.assertNotIn(locked, index.live)
+
+    def test_a_reset_tree_and_a_switched_off_index_get_their_sets_back(self):
+        cache = build(trim_victims=False)
+        for tokens in prompts(10):
+            insert(cache, tokens)
+        cache.evict(EvictParams(num_tokens=1))
+        index = full(cache).__dict__[mla_leaf_index._INDEX]
+        cache.reset()  # SGLang gives the tree a new, plain set
+        self.assertNotIsInstance(cache.tree_core.evictable_device_leaves, mla_leaf_index.TrackedLeaves)
+        for tokens in prompts(10):
+            insert(cache, tokens)
+        cache.evict(EvictParams(num_tokens=1))
+        leaves = cache.tree_core.evictable_device_leaves
+        self.assertIsInstance(leaves, mla_leaf_index.TrackedLeaves)
+        self.assertEqual(set(index.live), set(leaves))  # every leaf but the victim, classed
+        cache.tree_core.eviction_strategy.indexed_eviction = False
+        cache.evict(EvictParams(num_tokens=1))
+        self.assertIs(type(cache.tree_core.evictable_device_leaves), set)
+        self.assertEqual(index.live, {})
+        self.assertEqual(index.walks, 2)
 
     def test_victims_in_score_order(self):
         cache = build(trim_victims=False)
         batch = prompts(30)
         for tokens in batch:
             insert(cache, tokens)
+        cache.evict(EvictParams(num_tokens=1))  # every leaf classed
         for tokens in batch[::3]:
-            touch(cache, tokens)
+            touch(cache, tokens)  # accessed in place: still filed under the old access time
         strategy = cache.tree_core.eviction_strategy
         leaves = cache.tree_core.evictable_device_leaves
         expected = sorted(leaves, key=strategy.get_priority)
@@ -185,8 +229,8 @@ class TestLeafIndex(CustomTestCase):
             cache.evict(EvictParams(num_tokens=1))
             index = full(cache).__dict__[mla_leaf_index._INDEX]
             # Indexed: leaves only (victims leave at once); stale entries: a few walks' worth.
-            self.assertLessEqual(set(index._stamp), set(cache.tree_core.evictable_device_leaves))
-            self.assertLessEqual(index._entries, 2 * len(index._stamp) + 64 + len(batch))
+            self.assertLessEqual(set(index.live), set(cache.tree_core.evictable_device_leaves))
+            self.assertLessEqual(index._entries, 2 * len(index.live) + 64 + len(batch))
             insert(cache, prompts(20 + round_ + 1)[-1])
         self.assertEqual(index.walks, 50)
 
