@@ -259,9 +259,18 @@ _WORKER = {}
 
 def _init_worker(args, trace=None, cost=None):
     """Register the policy; keep the trace and cost model (built again from ``args`` in
-    a pool worker)."""
+    a pool worker); one torch thread.
+
+    A replay times a request's cache work on one core, and libgomp is not fork-safe: a
+    process that replays in place (``--jobs 1``) with torch's OpenMP threads started and
+    then forks a pool leaves the workers waiting at a barrier for threads they do not
+    have (bar_check's one-at-a-time CPU runs hung the next source's pool that way).
+    """
+    import torch
+
     from sglang.srt.mem_cache.mla_eviction_plugin import register
 
+    torch.set_num_threads(1)
     register()
     _WORKER["trace"] = trace if trace is not None else load_trace(args)
     _WORKER["cost"] = cost if cost is not None else build_cost_model(args)

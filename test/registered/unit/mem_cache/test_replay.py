@@ -5,6 +5,7 @@ import io
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -313,6 +314,26 @@ class TestKnownOutputs(CustomTestCase):
                 result = r.run()
                 self.assertEqual(result.hit_tokens, hit)
                 self.assertEqual(result.prompt_tokens, 3024)
+
+
+class TestPool(CustomTestCase):
+    def test_a_pool_after_replays_in_place_does_not_hang(self):
+        """libgomp is not fork-safe: replays in place (``--jobs 1``) over a pool large
+        enough for torch to start its OpenMP threads, then a forked pool, hung the pool's
+        workers forever until replays ran torch on one thread (bar_check does this)."""
+        script = (
+            "import sys; sys.path.insert(0, sys.argv[1]); import replay\n"
+            "for jobs in ('1', '2'):\n"
+            "    assert replay.main(['--trace', sys.argv[2], '--num-requests', '200',"
+            " '--capacity', '25%', '--policies', 'lru,mla_aware', '--jobs', jobs,"
+            " '--no-progress']) == 0\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(_REPO / "benchmark" / "mla_eviction"),
+             str(SHIPPED_TRACE)],
+            capture_output=True, text=True, timeout=300,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
 
 
 class TestShippedTraceValidation(CustomTestCase):
