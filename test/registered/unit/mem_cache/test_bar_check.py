@@ -1,5 +1,6 @@
 """Tests for benchmark/mla_eviction/bar_check.py: the issue-4 bar, row by row."""
 
+import argparse
 import contextlib
 import io
 import json
@@ -7,7 +8,6 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
-from types import SimpleNamespace
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -68,15 +68,15 @@ class TestChecks(CustomTestCase):
         calls = []
 
         def fake_replay(name, args, host_tier=False, policies=""):
-            calls.append(policies)
+            calls.append((policies, args.jobs))
             return next(later)
 
         saved, bar_check.replay_source = bar_check.replay_source, fake_replay
         try:
-            out = bar_check.least_cpu("t", SimpleNamespace(cpu_runs=3), first)
+            out = bar_check.least_cpu("t", argparse.Namespace(cpu_runs=3, jobs=2), first)
         finally:
             bar_check.replay_source = saved
-        self.assertEqual(calls, ["lru,mla_aware"] * 2)
+        self.assertEqual(calls, [("lru,mla_aware", 1)] * 2)  # one replay at a time
         cpu = {r["policy"]: (r["cpu_us_per_request"], r.get("cpu_runs")) for r in out}
         self.assertEqual(cpu["lru"], (80.0, 3))
         self.assertEqual(cpu["mla_aware"], (700.0, 3))
