@@ -121,8 +121,8 @@ def least_cpu(name: str, args, results: list[dict]) -> list[dict]:
     One replay's CPU time moves by a third between runs on a shared machine; the least
     of a few is the policy's cost with the least interference. The further runs replay
     one at a time (``jobs`` 1): a replay beside another on a 2-core machine shares its
-    caches and memory bandwidth, and the first runs, made with ``args.jobs``, read up to
-    twice the CPU they read alone. Everything else a replay measures is deterministic, so
+    caches and memory bandwidth, so the first runs, made with ``args.jobs``, read more
+    CPU than they would alone. Everything else a replay measures is deterministic, so
     only ``cpu_us_per_request`` changes (``cpu_runs`` says over how many runs).
     """
     least = {(r["policy"], r["capacity"]): r["cpu_us_per_request"] for r in results}
