@@ -46,6 +46,7 @@ pool); :meth:`MLAAwareStrategy.on_split` keeps the head's state. With ``indexed_
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from pathlib import Path
@@ -121,6 +122,9 @@ class MLAAwareStrategy(EvictionStrategy):
         self.depth_aware = depth_aware
         self.host_aware = host_aware
         self.learning = GhostLearning(probation=probation, value_weight=value_weight)
+        # Price per byte by (start, end, backed): without depth pricing, one entry per key
+        # length, so a new leaf is priced by a lookup (the cost model is frozen).
+        self._density = functools.lru_cache(maxsize=1 << 12)(self._price_per_byte)
         self._node_type: Optional[type] = None  # the tree's node type, bound on first score
 
     @classmethod
@@ -217,8 +221,11 @@ class MLAAwareStrategy(EvictionStrategy):
         if n == 0:
             return 0.0
         end = prefix_end(node) * self.key_unit_tokens if self.depth_aware else n
-        seconds = self.cost_model.restore_seconds(end - n, end, backed_up=backed)
-        return seconds / self.cost_model.bytes_for_tokens(n)
+        return self._density(end - n, end, backed)
+
+    def _price_per_byte(self, start: int, end: int, backed: bool) -> float:
+        seconds = self.cost_model.restore_seconds(start, end, backed_up=backed)
+        return seconds / self.cost_model.bytes_for_tokens(end - start)
 
     def _bind(self, node_type: type) -> None:
         """Read the clock and host copies the way trees of ``node_type`` keep them."""

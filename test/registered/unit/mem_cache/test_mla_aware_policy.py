@@ -356,6 +356,23 @@ class TestStrategyWithMockNodes(MockNodes, CustomTestCase):
             self.assertAlmostEqual(ratio, 1.0, places=5)
         self.assertIs(node._mla_seen, memo)
 
+    def test_one_strategy_prices_each_length_position_and_host_copy_on_its_own(self):
+        # The strategy keeps prices by (start, end, host copy): a price seen before for
+        # another node is reused only where all three match.
+        cost = KVCostModel.from_preset("deepseek-v3")
+        for depth_aware in (False, True):
+            strategy = self.strategy(depth_aware=depth_aware)
+            for length, depth, backuped in itertools.product(
+                (1, 63, 64, 65, 500), (0, 64, 8000), (False, True)
+            ):
+                with self.subTest(depth_aware=depth_aware, length=length, depth=depth,
+                                  backuped=backuped):
+                    start = depth if depth_aware else 0
+                    expected = (cost.restore_seconds(start, start + length, backed_up=backuped)
+                                / cost.bytes_for_tokens(length))
+                    node = self.leaf(length, depth=depth, backuped=backuped)
+                    self.assertEqual(strategy.restore_seconds_per_byte(node), expected)
+
     def test_empty_node_goes_first(self):
         empty = self.leaf(0)
         self.assertEqual(self.strategy().get_priority(empty)[0], float("-inf"))
