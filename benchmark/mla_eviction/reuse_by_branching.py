@@ -1,6 +1,8 @@
-"""Which evicted nodes come back, by their hits and their children: the evidence for ``hit_cap``.
+"""Which evicted nodes come back, by their hits and their children (the evidence for
+``hit_cap``), or by their depth (what the learning sees of them).
 
     python benchmark/mla_eviction/reuse_by_branching.py --workload multi-turn --capacity 10%,25%
+    python benchmark/mla_eviction/reuse_by_branching.py --by depth --capacity 5%,10%
 
 Takes replay.py's source and capacity arguments (the shipped trace by default). For each
 capacity it replays the source through the real unified tree with ``mla_aware`` reduced to
@@ -8,20 +10,28 @@ cost-weighted LRU (no hits, no learning, so which node goes does not depend on w
 counted here) and notes every victim's ``hit_count`` and its children (as
 ``GhostLearning.children`` counts them); a victim *comes back* when the same content is
 inserted again under the same parent later in the replay (``GhostLearning``'s ghost
-match). Victims that begin with output pages no later prompt holds are counted apart:
-the replay gives them ids of their own (a Mooncake trace does not say what was
-generated), so they cannot come back whatever they are. It prints, per capacity, the
-other victims and the share that came back by hits and children, and the share of the
-victims ``hit_cap`` caps (more hits than children + 1, on a node that has had children)
-that came back against the share of victims with as many children and hits = children + 1.
+match). Victims that begin with output pages of their own (generated tokens no later
+prompt holds) are counted apart: the replay gives them ids of their own (a Mooncake
+trace does not say what was generated), so they cannot come back whatever they are. It
+prints, per capacity, the other victims and the share that came back by hits and
+children, and the share of the victims ``hit_cap`` caps (more hits than children + 1, on
+a node that has had children) that came back against the share of victims with as many
+children and hits = children + 1.
+
+``--by depth`` tables the same victims by their depth (nodes between them and the root)
+with two shares: came back as the learning sees it (the ghost match) and came back by
+content (a later prompt holds the victim's first page, wherever the tree then puts it).
+The two differ where a victim's parent went too: the content then comes back inside one
+node starting at the parent, which the learning matches as the parent's return only.
 Exit status 2 on bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,18 +40,22 @@ import replay  # noqa: E402
 
 # Cost-weighted LRU: the victims do not depend on hits or on what the learning would teach.
 NEUTRAL = {"hit_exponent": 0, "hit_cap": False, "probation": False, "value_weight": False}
-MAX_BUCKET = 4  # hits and children of at least 4 share a row / column
+MAX_BUCKET = 4  # hits, children and depths of at least 4 share a row / column
 
 
 def measure(trace, cost, config) -> dict:
     """Replay ``config`` (an ``mla_aware`` ReplayConfig with NEUTRAL keys) noting each victim
-    as ``(hits, children)`` and whether it came back, and counting apart (``outputs``) the
-    victims that begin with an output page of their own.
+    as ``(hits, children)`` and by depth, whether it came back (ghost match) and whether its
+    content did, and counting apart (``outputs``) the victims that begin with an output page
+    of their own.
 
     Victims are seen by wrapping, on this replay's tree only, the unified core's
     ``_delete_unbacked_device_leaf`` (how a device leaf leaves the tree when there is no
-    host tier) and returns by wrapping its learning's ``_learn`` (called once per victim
-    that comes back, with that victim's record).
+    host tier), returns by wrapping its learning's ``_learn`` (called once per victim
+    that comes back, with that victim's record), and prompts by wrapping the cache's
+    ``match_prefix`` (called once per admitted request, before anything is evicted for it).
+    ``cells`` counts victims and returns by ``(hits, children)`` and by hit_cap kind,
+    ``depths`` by ``depth`` with "victims", "back" and "content".
     """
     from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
     from simulator import OUTPUT_TOKEN_BASE, Replayer, _strategy_owner
@@ -53,16 +67,32 @@ def measure(trace, cost, config) -> dict:
     # its id from being reused by a later one, so the id alone identifies it
     victims: dict[int, list] = {}
     outputs = 0
+    prompts: dict[int, list] = defaultdict(list)  # page id -> the matches whose prompt holds it
+    matches = 0
+
+    match_prefix = replayer.cache.match_prefix
+
+    def noting_match(params):
+        nonlocal matches
+        matches += 1
+        for page in params.key.token_ids:
+            prompts[page].append(matches)
+        return match_prefix(params)
 
     delete = core._delete_unbacked_device_leaf
 
     def noting_delete(node, *args, **kwargs):
         nonlocal outputs
         seen = node.__dict__.get("_mla_seen")
-        if node.key.token_ids[0] >= OUTPUT_TOKEN_BASE:
+        first = node.key.token_ids[0]
+        if first >= OUTPUT_TOKEN_BASE:
             outputs += 1
         elif seen is not None:  # every victim was scored first
-            victims[id(seen)] = [seen, node.hit_count, GhostLearning.children(node), False]
+            depth, up = 0, node.parent
+            while up.parent is not None:
+                depth, up = depth + 1, up.parent
+            victims[id(seen)] = [seen, node.hit_count, GhostLearning.children(node), False,
+                                 depth, first, matches]
         return delete(node, *args, **kwargs)
 
     learn = learning._learn
@@ -73,17 +103,25 @@ def measure(trace, cost, config) -> dict:
             noted[3] = True
         return learn(victim)
 
+    replayer.cache.match_prefix = noting_match  # an instance attribute: this replay only
     core._delete_unbacked_device_leaf = noting_delete  # looked up on the core at each call
     learning._learn = noting_learn
     replayer.run()
     cells: Counter = Counter()
-    for _, hits, children, back in victims.values():
+    depths: Counter = Counter()
+    for _, hits, children, back, depth, first, evicted_at in victims.values():
         for group in ((min(hits, MAX_BUCKET), min(children, MAX_BUCKET)),
                       ("capped" if children and hits > children + 1 else
                        "diagonal" if hits == children + 1 else "other", children)):
             cells[group, "victims"] += 1
             cells[group, "back"] += back
-    return {"capacity": config.capacity_label, "cells": cells, "outputs": outputs}
+        later = prompts[first]
+        depth = min(depth, MAX_BUCKET)
+        depths[depth, "victims"] += 1
+        depths[depth, "back"] += back
+        depths[depth, "content"] += bisect.bisect_right(later, evicted_at) < len(later)
+    return {"capacity": config.capacity_label, "cells": cells, "depths": depths,
+            "outputs": outputs}
 
 
 def capped_vs_diagonal(cells: Counter) -> tuple[int, float, float]:
@@ -133,9 +171,36 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def markdown_by_depth(rows: list[dict]) -> str:
+    """Per capacity, the victims by depth: came back as the learning sees it, and by content."""
+    lines = []
+    for row in rows:
+        depths = row["depths"]
+        lines += [
+            f"**{row['capacity']}**",
+            "",
+            "| depth (nodes above, root not counted) | victims | came back, ghost match "
+            "| came back, content |",
+            "|---|---|---|---|",
+        ]
+        for d in range(MAX_BUCKET + 1):
+            n = depths[d, "victims"]
+            if n:
+                label = f"{d}+" if d == MAX_BUCKET else str(d)
+                lines.append(f"| {label} | {n} | " + " | ".join(
+                    f"{depths[d, what]} ({100 * depths[d, what] / n:.0f} %)"
+                    for what in ("back", "content")) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    _, rest = p.parse_known_args(argv)
+    p.add_argument("--by", choices=("branching", "depth"), default="branching")
+    try:
+        args, rest = p.parse_known_args(argv)
+    except SystemExit:
+        return 2
     if "-h" in rest or "--help" in rest:
         print(__doc__)
         return 0
@@ -149,7 +214,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     register()
-    print(markdown([measure(trace, cost, c) for c in tqdm(configs, desc="replays", file=sys.stderr)]))
+    rows = [measure(trace, cost, c) for c in tqdm(configs, desc="replays", file=sys.stderr)]
+    print((markdown_by_depth if args.by == "depth" else markdown)(rows))
     return 0
 
 

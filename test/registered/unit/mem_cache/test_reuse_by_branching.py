@@ -44,6 +44,37 @@ class TestMeasure(CustomTestCase):
                       and what == "victims")
         self.assertEqual(by_kind, victims)  # each victim in one bucket and one kind
 
+    def test_victims_by_depth_came_back_by_ghost_match_and_by_content(self):
+        row = reuse_by_branching.measure(self.trace, self.cost, self.config)
+        cells, depths = row["cells"], row["depths"]
+        victims = sum(v for (group, what), v in cells.items()
+                      if isinstance(group[0], int) and what == "victims")
+        back = sum(v for (group, what), v in cells.items()
+                   if isinstance(group[0], int) and what == "back")
+        self.assertEqual(sum(v for (_, what), v in depths.items() if what == "victims"), victims)
+        self.assertEqual(sum(v for (_, what), v in depths.items() if what == "back"), back)
+        # A conversation's victims below its first node come back inside one node that
+        # starts higher up, which the ghost match does not see; their content it does.
+        deep = [d for d in range(1, reuse_by_branching.MAX_BUCKET + 1) if depths[d, "victims"]]
+        self.assertTrue(deep)
+        for d in deep:
+            self.assertLessEqual(depths[d, "content"], depths[d, "victims"])
+        self.assertGreater(sum(depths[d, "content"] for d in deep),
+                           2 * sum(depths[d, "back"] for d in deep))
+        table = reuse_by_branching.markdown_by_depth([row])
+        n, content = depths[1, "victims"], depths[1, "content"]
+        self.assertIn(f"| 1 | {n} | {depths[1, 'back']} (", table)
+        self.assertIn(f" | {content} ({100 * content / n:.0f} %) |", table)
+
+    def test_by_depth_from_the_command_line(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(reuse_by_branching.main(["--by", "depth", *SOURCE]), 0)
+        self.assertIn("| depth (nodes above, root not counted) | victims |", out.getvalue())
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(reuse_by_branching.main(["--by", "hits", *SOURCE]), 2)
+        self.assertIn("invalid choice: 'hits'", err.getvalue())
+
     def test_output_pages_of_their_own_are_left_out(self):
         # a Mooncake trace says nothing of outputs: each request's output pages are its own
         # (no source given: replay's default, the shipped trace)
