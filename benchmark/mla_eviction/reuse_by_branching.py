@@ -53,7 +53,8 @@ def measure(trace, cost, config) -> dict:
     ``_delete_unbacked_device_leaf`` (how a device leaf leaves the tree when there is no
     host tier), returns by wrapping its learning's ``_learn`` (called once per victim
     that comes back, with that victim's record), and prompts by wrapping the cache's
-    ``match_prefix`` (called once per admitted request, before anything is evicted for it).
+    ``match_prefix`` (called at each attempt to admit a request, before anything is
+    evicted for it).
     ``cells`` counts victims and returns by ``(hits, children)`` and by hit_cap kind,
     ``depths`` by ``depth`` with "victims", "back" and "content".
     """
