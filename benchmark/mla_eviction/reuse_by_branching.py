@@ -3,6 +3,7 @@
 
     python benchmark/mla_eviction/reuse_by_branching.py --workload multi-turn --capacity 10%,25%
     python benchmark/mla_eviction/reuse_by_branching.py --by depth --capacity 5%,10%
+    python benchmark/mla_eviction/reuse_by_branching.py --by kind --workload multi-turn
 
 Takes replay.py's source and capacity arguments (the shipped trace by default). For each
 capacity it replays the source through the real unified tree with ``mla_aware`` reduced to
@@ -23,6 +24,12 @@ with two shares: came back as the learning sees it (the ghost match) and came ba
 content (a later prompt holds the victim's first page, wherever the tree then puts it).
 The two differ where a victim's parent went too: the content then comes back inside one
 node starting at the parent, which the learning matches as the parent's return only.
+``--by kind`` tables them by SGLang's ``priority`` field, which ``mla_aware`` does not
+read: a finished request's prompt is inserted one priority up (SGLang splits its leaf at
+the prompt boundary so that eviction can drop the output first), so a node below its
+parent's priority is the tail split off a finished request, a node at 0 otherwise has
+not been covered by a finished request's prompt, and a node at 1 or more has (requests
+carry priority 0 in a replay).
 Exit status 2 on bad arguments.
 """
 
@@ -41,12 +48,13 @@ import replay  # noqa: E402
 # Cost-weighted LRU: the victims do not depend on hits or on what the learning would teach.
 NEUTRAL = {"hit_exponent": 0, "hit_cap": False, "probation": False, "value_weight": False}
 MAX_BUCKET = 4  # hits, children and depths of at least 4 share a row / column
+KINDS = ("below its parent's priority", "priority 0", "priority 1+")
 
 
 def measure(trace, cost, config) -> dict:
     """Replay ``config`` (an ``mla_aware`` ReplayConfig with NEUTRAL keys) noting each victim
-    as ``(hits, children)`` and by depth, whether it came back (ghost match) and whether its
-    content did, and counting apart (``outputs``) the victims that begin with an output page
+    as ``(hits, children)``, by depth and by kind, whether it came back (ghost match) and
+    whether its content did, and counting apart (``outputs``) the victims that begin with an output page
     of their own.
 
     Victims are seen by wrapping, on this replay's tree only, the unified core's
@@ -56,7 +64,8 @@ def measure(trace, cost, config) -> dict:
     ``match_prefix`` (called at each attempt to admit a request, before anything is
     evicted for it).
     ``cells`` counts victims and returns by ``(hits, children)`` and by hit_cap kind,
-    ``depths`` by ``depth`` with "victims", "back" and "content".
+    ``by["depth"]`` and ``by["kind"]`` by depth and by kind (:data:`KINDS`) with "victims",
+    "back" and "content".
     """
     from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
     from simulator import OUTPUT_TOKEN_BASE, Replayer, _strategy_owner
@@ -92,8 +101,10 @@ def measure(trace, cost, config) -> dict:
             depth, up = 0, node.parent
             while up.parent is not None:
                 depth, up = depth + 1, up.parent
+            kind = (KINDS[0] if node.priority < node.parent.priority else
+                    KINDS[1] if node.priority <= 0 else KINDS[2])
             victims[id(seen)] = [seen, node.hit_count, GhostLearning.children(node), False,
-                                 depth, first, matches]
+                                 depth, kind, first, matches]
         return delete(node, *args, **kwargs)
 
     learn = learning._learn
@@ -109,20 +120,20 @@ def measure(trace, cost, config) -> dict:
     learning._learn = noting_learn
     replayer.run()
     cells: Counter = Counter()
-    depths: Counter = Counter()
-    for _, hits, children, back, depth, first, evicted_at in victims.values():
+    by = {"depth": Counter(), "kind": Counter()}
+    for _, hits, children, back, depth, kind, first, evicted_at in victims.values():
         for group in ((min(hits, MAX_BUCKET), min(children, MAX_BUCKET)),
                       ("capped" if children and hits > children + 1 else
                        "diagonal" if hits == children + 1 else "other", children)):
             cells[group, "victims"] += 1
             cells[group, "back"] += back
         later = prompts[first]
-        depth = min(depth, MAX_BUCKET)
-        depths[depth, "victims"] += 1
-        depths[depth, "back"] += back
-        depths[depth, "content"] += bisect.bisect_right(later, evicted_at) < len(later)
-    return {"capacity": config.capacity_label, "cells": cells, "depths": depths,
-            "outputs": outputs}
+        content = bisect.bisect_right(later, evicted_at) < len(later)
+        for view, group in (("depth", min(depth, MAX_BUCKET)), ("kind", kind)):
+            by[view][group, "victims"] += 1
+            by[view][group, "back"] += back
+            by[view][group, "content"] += content
+    return {"capacity": config.capacity_label, "cells": cells, "by": by, "outputs": outputs}
 
 
 def capped_vs_diagonal(cells: Counter) -> tuple[int, float, float]:
@@ -172,24 +183,28 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown_by_depth(rows: list[dict]) -> str:
-    """Per capacity, the victims by depth: came back as the learning sees it, and by content."""
+def markdown_by(rows: list[dict], view: str) -> str:
+    """Per capacity, the victims by ``view`` ("depth" or "kind"): came back as the learning
+    sees it, and by content."""
+    header = {"depth": "depth (nodes above, root not counted)", "kind": "kind (`priority`)"}[view]
+    groups = range(MAX_BUCKET + 1) if view == "depth" else KINDS
     lines = []
     for row in rows:
-        depths = row["depths"]
+        counts = row["by"][view]
+        outputs = row.get("outputs", 0)
         lines += [
-            f"**{row['capacity']}**",
+            f"**{row['capacity']}**" + (
+                f" ({outputs} victims were output pages of their own, left out)" if outputs else ""),
             "",
-            "| depth (nodes above, root not counted) | victims | came back, ghost match "
-            "| came back, content |",
+            f"| {header} | victims | came back, ghost match | came back, content |",
             "|---|---|---|---|",
         ]
-        for d in range(MAX_BUCKET + 1):
-            n = depths[d, "victims"]
+        for group in groups:
+            n = counts[group, "victims"]
             if n:
-                label = f"{d}+" if d == MAX_BUCKET else str(d)
+                label = f"{group}+" if group == MAX_BUCKET else str(group)
                 lines.append(f"| {label} | {n} | " + " | ".join(
-                    f"{depths[d, what]} ({100 * depths[d, what] / n:.0f} %)"
+                    f"{counts[group, what]} ({100 * counts[group, what] / n:.0f} %)"
                     for what in ("back", "content")) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -197,7 +212,7 @@ def markdown_by_depth(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    p.add_argument("--by", choices=("branching", "depth"), default="branching")
+    p.add_argument("--by", choices=("branching", "depth", "kind"), default="branching")
     try:
         args, rest = p.parse_known_args(argv)
     except SystemExit:
@@ -216,7 +231,7 @@ def main(argv=None) -> int:
 
     register()
     rows = [measure(trace, cost, c) for c in tqdm(configs, desc="replays", file=sys.stderr)]
-    print((markdown_by_depth if args.by == "depth" else markdown)(rows))
+    print(markdown(rows) if args.by == "branching" else markdown_by(rows, args.by))
     return 0
 
 

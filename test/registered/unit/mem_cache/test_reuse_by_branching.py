@@ -46,13 +46,16 @@ class TestMeasure(CustomTestCase):
 
     def test_victims_by_depth_came_back_by_ghost_match_and_by_content(self):
         row = reuse_by_branching.measure(self.trace, self.cost, self.config)
-        cells, depths = row["cells"], row["depths"]
+        cells, depths = row["cells"], row["by"]["depth"]
         victims = sum(v for (group, what), v in cells.items()
                       if isinstance(group[0], int) and what == "victims")
         back = sum(v for (group, what), v in cells.items()
                    if isinstance(group[0], int) and what == "back")
-        self.assertEqual(sum(v for (_, what), v in depths.items() if what == "victims"), victims)
-        self.assertEqual(sum(v for (_, what), v in depths.items() if what == "back"), back)
+        for view in ("depth", "kind"):
+            counts = row["by"][view]
+            self.assertEqual(sum(v for (_, what), v in counts.items() if what == "victims"),
+                             victims)
+            self.assertEqual(sum(v for (_, what), v in counts.items() if what == "back"), back)
         # A conversation's victims below its first node come back inside one node that
         # starts higher up, which the ghost match does not see; their content it does.
         deep = [d for d in range(1, reuse_by_branching.MAX_BUCKET + 1) if depths[d, "victims"]]
@@ -61,10 +64,22 @@ class TestMeasure(CustomTestCase):
             self.assertLessEqual(depths[d, "content"], depths[d, "victims"])
         self.assertGreater(sum(depths[d, "content"] for d in deep),
                            2 * sum(depths[d, "back"] for d in deep))
-        table = reuse_by_branching.markdown_by_depth([row])
+        table = reuse_by_branching.markdown_by([row], "depth")
         n, content = depths[1, "victims"], depths[1, "content"]
         self.assertIn(f"| 1 | {n} | {depths[1, 'back']} (", table)
         self.assertIn(f" | {content} ({100 * content / n:.0f} %) |", table)
+
+    def test_victims_by_kind_follow_sglangs_priority_split(self):
+        # Finished turns are split at the prompt boundary, the prompt one priority up:
+        # the tails below it and the prompts both get evicted in a conversation workload.
+        row = reuse_by_branching.measure(self.trace, self.cost, self.config)
+        kinds = row["by"]["kind"]
+        below, _, prompt = reuse_by_branching.KINDS
+        self.assertGreater(kinds[below, "victims"], 0)
+        self.assertGreater(kinds[prompt, "victims"], 0)
+        table = reuse_by_branching.markdown_by([row], "kind")
+        self.assertIn(f"| {below} | {kinds[below, 'victims']} | ", table)
+        self.assertNotIn("| priority 0 | 0 |", table)  # empty kinds are left out
 
     def test_by_depth_from_the_command_line(self):
         out = io.StringIO()
