@@ -25,11 +25,13 @@ content (a later prompt holds the victim's first page, wherever the tree then pu
 The two differ where a victim's parent went too: the content then comes back inside one
 node starting at the parent, which the learning matches as the parent's return only.
 ``--by kind`` tables them by SGLang's ``priority`` field, which ``mla_aware`` does not
-read: a finished request's prompt is inserted one priority up (SGLang splits its leaf at
-the prompt boundary so that eviction can drop the output first), so a node below its
-parent's priority is the tail split off a finished request, a node at 0 otherwise has
-not been covered by a finished request's prompt, and a node at 1 or more has (requests
-carry priority 0 in a replay).
+read. Requests carry priority 0 in a replay; where a finished request's pages reach past
+its prompt's last full page, SGLang splits its leaf at the prompt boundary and inserts
+the prompt one priority up (so that eviction can drop the output first). A node below
+its parent's priority is then the output tail split off a finished request, or the
+prompt of a finished request whose output filled no page past it (not split, not
+raised) under a raised prefix; a node at 0 otherwise is not under a raised prefix; a
+node at 1 or more is a raised prompt.
 Exit status 2 on bad arguments.
 """
 
