@@ -308,9 +308,7 @@ class GhostLearning:
         node. Both are read after this call.
         """
         if now != self._now:
-            self._now = now
-            if self._dirty:
-                self._apply()
+            self._move_clock(now)
             if self._clock_stands:
                 self._new_build()
         elif not self._clock_stands:
@@ -339,10 +337,15 @@ class GhostLearning:
         """A heap build begins at clock ``now``: for a tree that says where its eviction
         walks begin (:mod:`mla_leaf_index`, which scores only some leaves in a build)."""
         if now != self._now:
-            self._now = now
-            if self._dirty:
-                self._apply()
+            self._move_clock(now)
         self._new_build()
+
+    def _move_clock(self, now: float) -> None:
+        """The tree's clock reads ``now``, a new reading: the steps seen at the last one
+        are applied, as their net step."""
+        self._now = now
+        if self._dirty:
+            self._apply()
 
     def _first_sight(self, node: Any) -> "_Seen":
         signature = ghost_signature(node)
