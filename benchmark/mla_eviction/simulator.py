@@ -44,11 +44,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
+from sglang.srt.mem_cache import mla_victim_trim
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 from sglang.srt.mem_cache.mla_cost_model import KVCostModel
+from sglang.srt.mem_cache.mla_eviction_plugin import register_tree_hooks
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 
@@ -335,8 +336,7 @@ class Replayer:
 
         if self.cfg.trim != "policy":
             self.strategy.trim_victims = self.cfg.trim == "all"
-        mla_victim_trim.register_hooks()
-        mla_leaf_index.register_hooks()
+        register_tree_hooks()
         HookRegistry.apply_hooks()
         return mla_victim_trim.trims(self.cache)
 

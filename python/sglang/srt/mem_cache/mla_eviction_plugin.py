@@ -65,6 +65,15 @@ def register() -> None:
     for target, (hook, kind) in hooks.items():
         if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ())):
             HookRegistry.register(target, hook, kind)
+    register_tree_hooks()
+
+
+def register_tree_hooks() -> None:
+    """Register the tree's hooks only (idempotent): victim trimming and the leaf index.
+
+    What a caller that builds trees itself, without a server (a trace replay), needs for
+    them to evict as a server's do; ``HookRegistry.apply_hooks()`` installs them.
+    """
     mla_victim_trim.register_hooks()
     mla_leaf_index.register_hooks()
 

@@ -16,7 +16,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.evict_policy import LRUStrategy
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
-from sglang.srt.mem_cache import mla_victim_trim
+from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
 from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
 from sglang.srt.mem_cache.mla_cost_model import PRESETS, ModelConfigError
 from sglang.srt.mem_cache.mla_eviction_plugin import (
@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.mla_eviction_plugin import (
     apply_flag,
     prepare_tree_cache,
     register,
+    register_tree_hooks,
     resolve_policy_params,
 )
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -44,7 +45,9 @@ HOOKED = {
     "sglang.srt.server_args.ServerArgs.from_cli_args": apply_flag,
     "sglang.srt.mem_cache.registry.create_tree_cache": prepare_tree_cache,
     **mla_victim_trim.HOOKS,
+    **mla_leaf_index.HOOKS,
 }
+TREE_HOOKED = {**mla_victim_trim.HOOKS, **mla_leaf_index.HOOKS}
 
 
 def setUpModule():
@@ -87,6 +90,15 @@ class TestRegistration(CustomTestCase):
         register()
         register()
         self.test_entry_point_registers_policy_and_hooks()
+
+    def test_tree_hooks_register_once_each(self):
+        # A replay registers them per tree it builds, after the entry point did.
+        register_tree_hooks()
+        register_tree_hooks()
+        self.assertEqual(len(TREE_HOOKED), 5)
+        for target, hook in TREE_HOOKED.items():
+            hooks = [h for _, h, _ in HookRegistry._hooks[target] if h is hook]
+            self.assertEqual(len(hooks), 1, target)
 
 
 class TestServerArgs(CustomTestCase):
