@@ -52,8 +52,9 @@ GAIN_CAPACITIES = ("1%", "5%")
 MIN_HEADROOM, MIN_GAIN, FLOOR_POINTS, TTFT_CUT, CPU_SHARE = 10.0, 0.15, 0.5, 0.30, 0.01
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments that pick the sources, capacities and generated workloads
+    (read back by :func:`resolve_sources`)."""
     p.add_argument("--sources", default=None,
                    help=f"comma list of {', '.join(SOURCES)} and names given by --trace "
                    "(default: all)")
@@ -63,17 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--capacity", default=replay.DEFAULT_CAPACITIES)
     p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
-    p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
-    p.add_argument("--trim-victims", choices=replay.TRIM_VICTIMS, default="policy",
-                   help="replay.py's: 'all' gives the built-ins and the bound the trimmed "
-                        "evictions mla_aware has, 'none' takes them from mla_aware too")
-    p.add_argument("--jobs", type=int, default=replay.DEFAULT_JOBS)
-    p.add_argument("--cpu-runs", type=int, default=3,
-                   help="replays of LRU and mla_aware whose least cache CPU the cpu check takes")
-    p.add_argument("--json", dest="json_path")
-    p.add_argument("--markdown")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+
+
+def resolve_sources(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Set ``args.source_args`` (name -> replay.py source arguments), ``args.traces`` (the
+    real traces) and ``args.sources`` (the names asked for) from the arguments of
+    :func:`add_source_arguments`; ``p.error`` on a bad one."""
     args.source_args = dict(SOURCES)
     args.traces = ["mooncake"]  # the real traces, checked with a host tier too
     for spec in args.trace:
@@ -92,6 +88,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [s for s in args.sources if s not in args.source_args]
     if unknown or not args.sources:
         p.error(f"--sources: unknown {unknown}; known: {', '.join(args.source_args)}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_source_arguments(p)
+    p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
+    p.add_argument("--trim-victims", choices=replay.TRIM_VICTIMS, default="policy",
+                   help="replay.py's: 'all' gives the built-ins and the bound the trimmed "
+                        "evictions mla_aware has, 'none' takes them from mla_aware too")
+    p.add_argument("--jobs", type=int, default=replay.DEFAULT_JOBS)
+    p.add_argument("--cpu-runs", type=int, default=3,
+                   help="replays of LRU and mla_aware whose least cache CPU the cpu check takes")
+    p.add_argument("--json", dest="json_path")
+    p.add_argument("--markdown")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    resolve_sources(p, args)
     if args.cpu_runs < 1:
         p.error(f"--cpu-runs must be >= 1, got {args.cpu_runs}")
     return args

@@ -257,9 +257,8 @@ def prepare_unified_mla_aware(argv: list[str], *, policy: str, policy_config=Non
 _WORKER = {}
 
 
-def _init_worker(args, trace=None, cost=None):
-    """Register the policy; keep the trace and cost model (built again from ``args`` in
-    a pool worker); one torch thread.
+def init_process() -> None:
+    """Set a process up to replay: one torch thread, the policy registered.
 
     A replay times a request's cache work on one core, and libgomp is not fork-safe: a
     process that replays in place (``--jobs 1``) with torch's OpenMP threads started and
@@ -272,6 +271,12 @@ def _init_worker(args, trace=None, cost=None):
 
     torch.set_num_threads(1)
     register()
+
+
+def _init_worker(args, trace=None, cost=None):
+    """:func:`init_process`; keep the trace and cost model (built again from ``args`` in
+    a pool worker)."""
+    init_process()
     _WORKER["trace"] = trace if trace is not None else load_trace(args)
     _WORKER["cost"] = cost if cost is not None else build_cost_model(args)
 
