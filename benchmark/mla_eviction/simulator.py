@@ -380,6 +380,7 @@ class Replayer:
             result.learnt = {
                 "weight": round(learning.weight, 4),
                 "log_factor": round(learning.log_factor, 4),
+                "log_superseded": round(learning.log_superseded, 4),
                 "returned_proven_probationary": list(learning.returns),
                 "returned_young_old": list(learning.returns_by_age),
             }

@@ -25,12 +25,16 @@ frequency-weighted LRU: a node twice as valuable may sit idle twice as long. Age
 ratios of one clock, so the order does not depend on whether the tree counts time in
 seconds (``RadixCache``) or in logical ticks (``UnifiedRadixCache``).
 
-``factor`` and ``weight`` are learnt online from victims that come back
+``factor``, ``S`` and ``weight`` are learnt online from victims that come back
 (:class:`GhostLearning`). ``factor`` is 1 for a *proven* node (two different children
 have hung under it, or it came back after being evicted) and ``B >= 1`` for a
 *probationary* one; as ARC sizes its recency and frequency lists, a probationary victim
 returning lowers ``B`` (toward cost-weighted LRU), a proven one raises it (toward SLRU's
-strict protection). ``weight`` says how much value counts against recency: a proven victim
+strict protection). A probationary leaf that has lost its only child (a later request, or
+its own request's output, continued it and that continuation went first; a trimmed
+head's tail is no continuation) is *superseded*: its age is multiplied by ``S >= 1`` as
+well, learnt the same way between the two kinds of probationary victim (a superseded one
+coming back lowers ``S``, one never continued raises it). ``weight`` says how much value counts against recency: a proven victim
 that was among the oldest leaves when it went raises it (LRU would have lost it too, and
 its sharing should have kept it), a young probationary one lowers it (its low value
 evicted it early); the mixed cases leave it. Both start at 1.
@@ -83,6 +87,7 @@ _TUNABLE_KEYS = {
     "host_aware": (bool, True),
     "probation": (bool, True),
     "value_weight": (bool, True),
+    "superseded": (bool, True),
     "trim_victims": (bool, True),
     "indexed_eviction": (bool, True),
 }
@@ -105,6 +110,7 @@ class MLAAwareStrategy(EvictionStrategy):
         host_aware: bool = True,
         probation: bool = True,
         value_weight: bool = True,
+        superseded: bool = True,
         trim_victims: bool = True,
         indexed_eviction: bool = True,
         key_unit_tokens: int = 1,
@@ -121,7 +127,9 @@ class MLAAwareStrategy(EvictionStrategy):
         self.hit_cap = hit_cap
         self.depth_aware = depth_aware
         self.host_aware = host_aware
-        self.learning = GhostLearning(probation=probation, value_weight=value_weight)
+        self.learning = GhostLearning(
+            probation=probation, value_weight=value_weight, superseded=superseded
+        )
         # Price per byte by (start, end, backed): without depth pricing, one entry per key
         # length, so a new leaf is priced by a lookup (the cost model is frozen).
         self._density = functools.lru_cache(maxsize=1 << 12)(self._price_per_byte)
@@ -161,15 +169,19 @@ class MLAAwareStrategy(EvictionStrategy):
         value = seen.value
         if seen.probationary:
             age *= learning.factor
+            if children == 1 and not seen.trimmed:  # superseded: see GhostLearning
+                age *= learning.superseded_factor
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 
     def score_class(self, node: Any) -> tuple:
-        """The class of a node just scored: its probation state, price per byte and
-        counted hits. Nodes of one class share ``factor`` and ``value``, so
+        """The class of a node just scored: its probation state, whether it is superseded,
+        its price per byte and counted hits. Nodes of one class share their factors and
+        ``value``, so
         :meth:`get_priority` orders them as their ``last_access_time`` at every clock
         reading, factor and weight (what :mod:`mla_leaf_index` rests on)."""
         seen = node._mla_seen
-        return (seen.probationary, seen.density, self._capped_hits(seen.hits, seen.children))
+        return (seen.probationary, seen.superseded(), seen.density,
+                self._capped_hits(seen.hits, seen.children))
 
     def on_split(self, upper: Any, lower: Any) -> None:
         """The tree split a scored node to evict only its ``lower`` part
@@ -186,6 +198,7 @@ class MLAAwareStrategy(EvictionStrategy):
         self.get_priority(upper)
         seen = upper._mla_seen
         seen.probationary = lower._mla_seen.probationary
+        seen.trimmed = True  # its one child is its own tail, no continuation
         if density is not None and seen.backed == lower._mla_seen.backed:
             seen.density, seen.hits = density, None  # the value is recomputed at the next score
 
@@ -235,7 +248,8 @@ class MLAAwareStrategy(EvictionStrategy):
 
 
 class GhostLearning:
-    """What victims that come back teach: the probation factor and the value weight.
+    """What victims that come back teach: the probation and supersession factors and the
+    value weight.
 
     Every node the strategy scores gets a :class:`_Seen` record: its ghost signature,
     whether it is *proven* (two different children have been scored under it, or it came
@@ -245,13 +259,19 @@ class GhostLearning:
     node is gone (``MAX_GHOSTS`` of them, oldest first sight forgotten first). A node scored
     for the first time whose signature matches a record with a different ``creation_time``
     is a victim that came back, a miss the policy caused (a split keeps
-    ``creation_time``, so the upper half of a split is no match). Each one teaches two
-    things:
+    ``creation_time``, so the upper half of a split is no match). Each one teaches:
 
     - **Probation factor** (ARC's balance of recency and frequency): a probationary
       victim coming back means probation was too harsh, ``log_factor`` falls by ``STEP``;
       a proven one means it was too lenient, it rises by ``STEP``.
       ``factor = exp(log_factor)`` stays within ``[1, MAX_FACTOR]``.
+    - **Supersession factor**, the same balance within probation: a *superseded* victim
+      (:meth:`_Seen.superseded`: probationary, one child counted and that child gone, not
+      a trimmed head) coming back means superseded leaves go too early,
+      ``log_superseded`` falls by ``STEP``; a probationary victim never continued (no
+      child counted) means they go too late, it rises by ``STEP``; proven victims leave
+      it. ``superseded_factor = exp(log_superseded)`` stays within ``[1, MAX_FACTOR]``,
+      so a superseded leaf never outlives one never continued of the same score.
     - **Value weight**: a proven victim that was *old* when last scored (at least ``OLD``
       of the oldest age in its heap build) would have gone under LRU too, so the value
       should count for more: ``weight`` rises by ``WEIGHT_STEP * (1 - RHO)``; a young
@@ -284,14 +304,19 @@ class GhostLearning:
     MAX_GHOSTS = 1 << 16
     MAX_BUILDS = 1 << 12
 
-    def __init__(self, *, probation: bool = True, value_weight: bool = True):
+    def __init__(self, *, probation: bool = True, value_weight: bool = True,
+                 superseded: bool = True):
         self.learns_factor, self.learns_weight = probation, value_weight
+        self.learns_superseded = superseded
         self.log_factor = 0.0
         self.factor = 1.0
+        self.log_superseded = 0.0
+        self.superseded_factor = 1.0
         self.weight = 1.0
         self.returns = [0, 0]  # victims that came back: (proven, probationary)
         self.returns_by_age = [0, 0]  # the same victims: (young, old) when last scored
         self._factor_steps = 0  # net steps not yet applied: log_factor (in STEPs) ...
+        self._superseded_steps = 0  # ... log_superseded (in STEPs) ...
         self._weight_step = 0.0  # ... and weight
         self._dirty = False  # a step is pending
         self._now = None
@@ -382,6 +407,13 @@ class GhostLearning:
         if self.learns_factor:
             self._factor_steps += 1 if victim.probationary else -1
             self._dirty = True
+        if self.learns_superseded and victim.probationary:
+            if victim.superseded():
+                self._superseded_steps += 1
+                self._dirty = True
+            elif not victim.children:
+                self._superseded_steps -= 1
+                self._dirty = True
         if victim.build == self._build:
             oldest = self._build_oldest
         else:
@@ -428,9 +460,14 @@ class GhostLearning:
         log_max = math.log(self.MAX_FACTOR)
         self.log_factor = min(max(self.log_factor - self.STEP * self._factor_steps, 0.0), log_max)
         self.factor = math.exp(self.log_factor)
+        self.log_superseded = min(
+            max(self.log_superseded - self.STEP * self._superseded_steps, 0.0), log_max
+        )
+        self.superseded_factor = math.exp(self.log_superseded)
         low, high = self.WEIGHT_BOUNDS
         self.weight = min(max(self.weight + self._weight_step, low), high)
-        self._factor_steps, self._weight_step, self._dirty = 0, 0.0, False
+        self._factor_steps = self._superseded_steps = 0
+        self._weight_step, self._dirty = 0.0, False
 
 
 class _Seen:
@@ -445,13 +482,21 @@ class _Seen:
     """
 
     __slots__ = ("owner", "parent_id", "signature", "creation_time", "probationary", "age",
-                 "build", "backed", "density", "hits", "children", "weight", "value")
+                 "build", "backed", "density", "hits", "children", "weight", "value",
+                 "trimmed")
 
     def __init__(self, owner: GhostLearning, node: Any, signature: tuple):
         self.owner, self.parent_id, self.signature = owner, id(node.parent), signature
         self.creation_time = node.creation_time
         self.backed = False  # the strategy's memo: unpriced until its first score
         self.density = self.hits = self.children = self.weight = self.value = None
+        self.trimmed = False  # the upper half of a victim trim (MLAAwareStrategy.on_split)
+
+    def superseded(self) -> bool:
+        """Probationary with one child counted at its last score, while a leaf: the child
+        is gone. The upper half of a trim counts its own tail as that child: it is not
+        superseded."""
+        return self.probationary and self.children == 1 and not self.trimmed
 
 
 def ghost_signature(node: Any) -> tuple:

@@ -587,6 +587,67 @@ class TestGhostLearning(MockNodes, CustomTestCase):
                 learning.see(self.leaf(8, parent=prefix, first=3), 2.0, 0.0)
                 self.assertFalse(prefix._mla_seen.probationary)  # a second child proves it
 
+    def superseded_pair(self, strategy, first):
+        """A leaf whose one child was scored and is gone, and a leaf never continued,
+        alike otherwise (scored by ``strategy``)."""
+        continued = self.leaf(64, first=first)
+        strategy.get_priority(continued)
+        strategy.get_priority(self.leaf(8, parent=continued, first=first + 1))  # then evicted
+        strategy.get_priority(continued)  # a leaf again
+        fresh = self.leaf(64, first=first + 2)
+        return continued, fresh
+
+    def test_superseded_leaf_ages_superseded_factor_times_faster(self):
+        strategy = self.strategy(value_weight=False, hit_cap=False)
+        continued, fresh = self.superseded_pair(strategy, first=10)
+        strategy.learning.superseded_factor = 4.0
+        ratio = strategy.get_priority(continued)[0] / strategy.get_priority(fresh)[0]
+        self.assertAlmostEqual(ratio, 4.0, places=3)
+        self.assertTrue(continued._mla_seen.superseded())
+        self.assertFalse(fresh._mla_seen.superseded())
+        self.assertNotEqual(strategy.score_class(continued), strategy.score_class(fresh))
+        # Proven (a second child) or a trimmed head: no longer, or never, superseded.
+        strategy.get_priority(self.leaf(8, parent=continued, first=99))
+        self.assertFalse(continued._mla_seen.superseded())
+        lower = self.leaf(64, first=30)
+        strategy.get_priority(lower)
+        upper = self.node(lower.parent, 16, 30, hit_count=0, creation_time=lower.creation_time,
+                          last_access_time=lower.last_access_time)
+        lower.parent, lower.key = upper, lower.key[16:]  # a trim: only the tail goes
+        strategy.on_split(upper, lower)
+        self.assertEqual(upper._mla_children, 1)
+        self.assertTrue(upper._mla_seen.probationary)
+        self.assertFalse(upper._mla_seen.superseded())
+
+    def test_superseded_victims_lower_the_factor_never_continued_ones_raise_it(self):
+        strategy = self.strategy()
+        learning = strategy.learning
+        continued, fresh = self.superseded_pair(strategy, first=40)
+        strategy.get_priority(fresh)
+        learning.see(self.comeback(fresh), 1.0, 0.0)  # never continued: S up
+        learning.see(self.leaf(4, first=90), 2.0, 0.0)  # the clock moved: applied
+        self.assertAlmostEqual(learning.log_superseded, GhostLearning.STEP)
+        learning.see(self.comeback(continued), 3.0, 0.0)  # superseded: S down
+        prefix = self.proven_prefix(learning, first=60, now=3.0)
+        learning.see(self.comeback(prefix), 3.0, 0.0)  # proven: S stays
+        learning.see(self.leaf(4, first=91), 4.0, 0.0)
+        self.assertAlmostEqual(learning.log_superseded, 0.0)
+        self.assertEqual(learning.superseded_factor, 1.0)
+        self.assertEqual(learning.returns, [1, 2])
+        learning.see(self.comeback(self.superseded_pair(strategy, first=70)[0]), 5.0, 0.0)
+        learning.see(self.leaf(4, first=92), 6.0, 0.0)
+        self.assertEqual(learning.log_superseded, 0.0)  # never below 1
+
+    def test_supersession_switched_off_stays_neutral(self):
+        strategy = self.strategy(superseded=False)
+        continued, fresh = self.superseded_pair(strategy, first=20)
+        strategy.get_priority(fresh)
+        strategy.learning.see(self.comeback(fresh), 1.0, 0.0)
+        strategy.learning.see(self.leaf(4, first=93), 2.0, 0.0)
+        self.assertFalse(strategy.learning.learns_superseded)
+        self.assertEqual(strategy.learning.superseded_factor, 1.0)
+        self.assertTrue(strategy.learning.log_factor == 0.0)
+
     def test_memory_is_bounded(self):
         learning = GhostLearning()
         learning.MAX_GHOSTS, learning.MAX_BUILDS = 8, 4
@@ -625,7 +686,10 @@ class TestPolicyConfig(CustomTestCase):
         self.assertTrue(cfg["hit_cap"])
         self.assertTrue(cfg["probation"])
         self.assertTrue(cfg["value_weight"])
+        self.assertTrue(cfg["superseded"])
         strategy = create_mla_aware_strategy()
+        self.assertTrue(strategy.learning.learns_superseded)
+        self.assertFalse(create_mla_aware_strategy(superseded=False).learning.learns_superseded)
         self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
 
     def test_setup_keys_reach_the_cost_model(self):
