@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bar_check.add_source_arguments(p)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
-                   help="a module constant of the variant, e.g. GhostLearning.STEP=0.2 (repeatable)")
+                   help="a module constant of the variant, e.g. GhostLearning.STEP=0.2 "
+                   "(repeatable)")
     p.add_argument("--policy-config", default=None, help="the variant's mla_aware config (JSON)")
     p.add_argument("--reference", type=Path,
                    help="a bar_check.py JSON of the same sources: count gain/floor misses")

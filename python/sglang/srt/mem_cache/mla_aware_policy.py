@@ -34,10 +34,11 @@ strict protection). A probationary leaf that has lost its only child (a later re
 its own request's output, continued it and that continuation went first; a trimmed
 head's tail is no continuation) is *superseded*: its age is multiplied by ``S >= 1`` as
 well, learnt the same way between the two kinds of probationary victim (a superseded one
-coming back lowers ``S``, one never continued raises it). ``weight`` says how much value counts against recency: a proven victim
-that was among the oldest leaves when it went raises it (LRU would have lost it too, and
-its sharing should have kept it), a young probationary one lowers it (its low value
-evicted it early); the mixed cases leave it. Both start at 1.
+coming back lowers ``S``, one never continued raises it). ``weight`` says how much value
+counts against recency: a proven victim that was among the oldest leaves when it went
+raises it (LRU would have lost it too, and its sharing should have kept it), a young
+probationary one lowers it (its low value evicted it early); the mixed cases leave it.
+All three start at 1.
 
 The strategy only scores; the cache decides how much to free. With ``trim_victims`` (on by
 default) the strategy asks the tree to free what an eviction is asked for rather than
@@ -169,7 +170,7 @@ class MLAAwareStrategy(EvictionStrategy):
         value = seen.value
         if seen.probationary:
             age *= learning.factor
-            if children == 1 and not seen.trimmed:  # superseded: see GhostLearning
+            if children == 1 and not seen.trimmed:  # seen.superseded(), inline
                 age *= learning.superseded_factor
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
 

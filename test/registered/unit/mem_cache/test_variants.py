@@ -32,7 +32,8 @@ class TestSets(CustomTestCase):
         return err.getvalue()
 
     def test_constants_by_class_or_module(self):
-        self.assertEqual(variants.parse_sets(["GhostLearning.STEP=0.2"]), {"GhostLearning.STEP": 0.2})
+        self.assertEqual(variants.parse_sets(["GhostLearning.STEP=0.2"]),
+                         {"GhostLearning.STEP": 0.2})
         self.assertEqual(variants.resolve("GhostLearning.STEP"), (GhostLearning, "STEP"))
         owner, attr = variants.resolve("mla_victim_trim.MIN_SURPLUS_SHARE")
         self.assertIs(owner, mla_victim_trim)
@@ -61,7 +62,8 @@ class TestSets(CustomTestCase):
         self.assertIn("--policy-config", text)
         self.assertIn("'probaton'", text)
         self.assertIn("not JSON", self.usage_error(["--policy-config", "{probation: false}"]))
-        self.assertIn("--sources", self.usage_error(["--set", "GhostLearning.STEP=0.2", "--sources", "nope"]))
+        bad_source = ["--set", "GhostLearning.STEP=0.2", "--sources", "nope"]
+        self.assertIn("--sources", self.usage_error(bad_source))
 
     def test_patched_restores_even_on_error(self):
         with self.assertRaises(RuntimeError):
