@@ -173,6 +173,26 @@ def host_tier_tokens(text: Optional[str], capacity_tokens: int, cost) -> int:
         raise UsageError(f"--host-tier: {e}") from None
 
 
+def load_policy_config(text: Optional[str]) -> Optional[dict]:
+    """``--policy-config`` as a dict (None when not given), validated as the server
+    validates it; UsageError naming the flag otherwise."""
+    if not text:
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--policy-config: not JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise UsageError("--policy-config: expected a JSON object")
+    from sglang.srt.mem_cache.mla_aware_policy import PolicyConfigError, parse_policy_config
+
+    try:
+        parse_policy_config(config)
+    except PolicyConfigError as e:
+        raise UsageError(f"--policy-config: {e}") from None
+    return config
+
+
 def plan(args, trace, cost):
     from simulator import ReplayConfig, known_policies
 
@@ -184,18 +204,7 @@ def plan(args, trace, cost):
     for name in policies:
         if name not in known:
             raise UsageError(f"--policies: unknown policy {name!r}; known: {', '.join(known)}")
-    policy_config = None
-    if args.policy_config:
-        try:
-            policy_config = json.loads(args.policy_config)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--policy-config: not JSON: {e}") from None
-        from sglang.srt.mem_cache.mla_aware_policy import PolicyConfigError, parse_policy_config
-
-        try:
-            parse_policy_config(policy_config)
-        except PolicyConfigError as e:
-            raise UsageError(f"--policy-config: {e}") from None
+    policy_config = load_policy_config(args.policy_config)
     for name, value in (("--page-size", args.page_size), ("--tp", args.tp), ("--jobs", args.jobs)):
         if value < 1:
             raise UsageError(f"{name} must be >= 1, got {value}")

@@ -42,10 +42,6 @@ MODULES = ("mla_aware_policy", "mla_victim_trim", "mla_leaf_index")
 SAME = 0.005  # points: rows closer than this count as unchanged
 
 
-class UsageError(ValueError):
-    """A bad --set or --policy-config; the message names it."""
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bar_check.add_source_arguments(p)
@@ -63,8 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bar_check.resolve_sources(p, args)
     try:
         args.constants = parse_sets(args.sets)
-        args.config = parse_policy_config(args.policy_config)
-    except UsageError as e:
+        args.config = replay.load_policy_config(args.policy_config) or {}
+    except replay.UsageError as e:
         p.error(str(e))
     if not args.constants and not args.config:
         p.error("nothing to compare: give --set and/or --policy-config")
@@ -83,19 +79,19 @@ def parse_sets(specs: list[str]) -> dict[str, Any]:
         name, sep, text = spec.partition("=")
         name = name.strip()
         if not (sep and name and text.strip()):
-            raise UsageError(f"--set: expected NAME=VALUE, got {spec!r}")
+            raise replay.UsageError(f"--set: expected NAME=VALUE, got {spec!r}")
         owner, attr = resolve(name)
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
-            raise UsageError(f"--set {name}: {text!r} is not JSON (numbers, true, false, "
-                             '"strings")') from None
+            raise replay.UsageError(f"--set {name}: {text!r} is not JSON (numbers, true, "
+                                    'false, "strings")') from None
         old = getattr(owner, attr)
         same_type = type(value) is type(old) or (
             isinstance(old, float) and type(value) is int)
         if not same_type:
-            raise UsageError(f"--set {name}: {value!r} is a {type(value).__name__}, "
-                             f"the constant a {type(old).__name__} ({old!r})")
+            raise replay.UsageError(f"--set {name}: {value!r} is a {type(value).__name__}, "
+                                    f"the constant a {type(old).__name__} ({old!r})")
         out[name] = value
     return out
 
@@ -111,34 +107,14 @@ def resolve(name: str) -> tuple[Any, str]:
     parts = name.split(".")
     modules = [parts.pop(0)] if parts[0] in MODULES else list(MODULES)
     if not parts or not parts[-1].isupper():
-        raise UsageError(f"--set {name}: not a constant (an UPPER_CASE attribute)")
+        raise replay.UsageError(f"--set {name}: not a constant (an UPPER_CASE attribute)")
     for module_name in modules:
         owner: Any = importlib.import_module(f"sglang.srt.mem_cache.{module_name}")
         for part in parts[:-1]:
             owner = getattr(owner, part, None)
         if owner is not None and hasattr(owner, parts[-1]):
             return owner, parts[-1]
-    raise UsageError(f"--set {name}: no such constant in {', '.join(modules)}")
-
-
-def parse_policy_config(text: str | None) -> dict:
-    """The ``--policy-config`` JSON as a dict, validated as the server validates it."""
-    if not text:
-        return {}
-    from sglang.srt.mem_cache.mla_aware_policy import PolicyConfigError
-    from sglang.srt.mem_cache.mla_aware_policy import parse_policy_config as validate
-
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"--policy-config: not JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise UsageError("--policy-config: expected a JSON object")
-    try:
-        validate(config)
-    except PolicyConfigError as e:
-        raise UsageError(f"--policy-config: {e}") from None
-    return config
+    raise replay.UsageError(f"--set {name}: no such constant in {', '.join(modules)}")
 
 
 def load_reference(p: argparse.ArgumentParser, path: Path) -> dict[str, list[dict]]:

@@ -62,6 +62,7 @@ class TestSets(CustomTestCase):
         self.assertIn("--policy-config", text)
         self.assertIn("'probaton'", text)
         self.assertIn("not JSON", self.usage_error(["--policy-config", "{probation: false}"]))
+        self.assertIn("expected a JSON object", self.usage_error(["--policy-config", "[1]"]))
         bad_source = ["--set", "GhostLearning.STEP=0.2", "--sources", "nope"]
         self.assertIn("--sources", self.usage_error(bad_source))
 
