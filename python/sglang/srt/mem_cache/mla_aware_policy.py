@@ -190,13 +190,18 @@ class MLAAwareStrategy(EvictionStrategy):
 
         ``lower`` keeps the node's record and, scored again, takes its new start as ghost
         signature (so its return is recognised); ``upper`` stands in for the node under its
-        parent and keeps its probation state, proven or not, and its price per byte: a
-        trim says nothing new of the content, and pricing the shorter head by its own
-        length would make it look cheaper and send it next (docs: victim trimming).
+        parent and keeps its probation state, proven or not, its price per byte and its
+        children count where that exceeds the one child ``lower`` now is (so its hits stay
+        capped as the node's were): a trim says nothing new of the content, and pricing the
+        shorter head by its own length, or its hits by one child, would make it look
+        cheaper and send it next (docs: victim trimming).
         """
         density = getattr(lower.__dict__.get("_mla_seen"), "density", None)
+        children = GhostLearning.children(lower)
         self.get_priority(lower)
         self.get_priority(upper)
+        if children > GhostLearning.children(upper):
+            setattr(upper, _CHILDREN, children)
         seen = upper._mla_seen
         seen.probationary = lower._mla_seen.probationary
         seen.trimmed = True  # its one child is its own tail, no continuation

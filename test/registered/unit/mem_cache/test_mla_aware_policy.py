@@ -619,6 +619,30 @@ class TestGhostLearning(MockNodes, CustomTestCase):
         self.assertTrue(upper._mla_seen.probationary)
         self.assertFalse(upper._mla_seen.superseded())
 
+    def test_trimmed_head_keeps_the_nodes_hit_cap(self):
+        """A node with three children counted (all gone), trimmed: its head's hits are
+        capped at four as the node's were, not at two as one child (its tail) would cap
+        them; a node that had no more than its tail counts the tail as its one child."""
+        strategy = self.strategy(value_weight=False)
+        for grandchildren, cap in ((3, 4), (0, 2)):
+            with self.subTest(children=grandchildren):
+                lower = self.leaf(64, first=50 + grandchildren, hits=9)
+                strategy.get_priority(lower)
+                for child in range(grandchildren):
+                    strategy.get_priority(self.leaf(8, parent=lower, first=child))  # then evicted
+                before = strategy.get_priority(lower)[0]
+                upper = self.node(lower.parent, 16, lower.key[0], hit_count=9,
+                                  creation_time=lower.creation_time,
+                                  last_access_time=lower.last_access_time)
+                lower.parent, lower.key = upper, lower.key[16:]  # a trim: only the tail goes
+                strategy.on_split(upper, lower)
+                self.assertEqual(upper._mla_children, max(grandchildren, 1))
+                self.assertEqual(strategy.reuse_hits(upper), cap)
+                # value before / after: the node's hits (all 9 while it had no child) over the head's
+                ratio = (1 + (cap if grandchildren else 9)) / (1 + cap)
+                after = strategy.get_priority(upper)[0]
+                self.assertAlmostEqual(after / before, ratio ** strategy.hit_exponent, places=3)
+
     def test_superseded_victims_lower_the_factor_never_continued_ones_raise_it(self):
         strategy = self.strategy()
         learning = strategy.learning
