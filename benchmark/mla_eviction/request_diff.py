@@ -1,0 +1,145 @@
+"""Where two policies part: the requests one serves from cache and the other does not, and
+what each evicted.
+
+    python benchmark/mla_eviction/request_diff.py --workload gsp --num-requests 2000 --seed 0 \
+        --workload-param group_distribution=zipf --workload-param zipf_alpha=1.1 \
+        --capacity 25% --policies mla_aware,priority
+
+Takes replay.py's arguments with exactly two ``--policies`` (the first is read against the
+second). For each capacity it replays both and compares them request by request: how many
+requests the first hit less of, and the FLOP hit-rate points that costs it, how many it hit
+more of, and what it won there (won minus lost is the difference of the two FLOP hit rates),
+with the commonest (first, second) hit lengths in tokens among the losses. Each policy's
+victims are counted by where they sat: right under the root (the head of every prompt
+that starts with it: a system prompt, a conversation's first turn), deeper, or output pages
+of their own (generated tokens no later prompt holds). Exit status 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay  # noqa: E402
+
+PLACES = ("under the root", "deeper", "output pages")
+TOP_PAIRS = 3  # commonest (first, second) hit lengths shown per capacity
+
+
+def measure(trace, cost, config) -> dict:
+    """Replay ``config``, noting each request's hit tokens (by its index in the trace) and
+    each victim's place (:data:`PLACES`).
+
+    Hits are seen by wrapping the replayer's ``_account_hit`` (called once per served
+    request), victims by wrapping the tree core's ``_delete_unbacked_device_leaf`` (how a
+    device leaf leaves the tree without a host tier) on this replay only. Returns
+    ``{"flop_hit_rate", "hits": {index: tokens}, "victims": Counter by place}``.
+    """
+    from simulator import OUTPUT_TOKEN_BASE, Replayer, _strategy_owner
+
+    replayer = Replayer(trace, cost, config)
+    index = {id(req): i for i, req in enumerate(trace.requests)}
+    hits: dict[int, int] = {}
+    victims: Counter = Counter()
+    account_hit = replayer._account_hit
+
+    def noting_hit(req, device_pages, host_pages):
+        counted = account_hit(req, device_pages, host_pages)
+        hits[index[id(req)]] = counted[0]
+        return counted
+
+    core = _strategy_owner(replayer.cache)
+    delete = core._delete_unbacked_device_leaf
+
+    def noting_delete(node, *args, **kwargs):
+        place = (PLACES[2] if node.key.token_ids[0] >= OUTPUT_TOKEN_BASE else
+                 PLACES[0] if node.parent.parent is None else PLACES[1])
+        victims[place] += 1
+        return delete(node, *args, **kwargs)
+
+    replayer._account_hit = noting_hit  # instance attributes: this replay only
+    core._delete_unbacked_device_leaf = noting_delete
+    result = replayer.run()
+    return {"flop_hit_rate": result.summary()["flop_hit_rate"], "hits": hits,
+            "victims": victims}
+
+
+def compare(trace, cost, first: dict, second: dict) -> dict:
+    """Requests ``first`` hit less / more of than ``second``: counts, FLOP hit-rate points
+    lost / won (in points of all prompts' prefill FLOPs) and the commonest (first, second)
+    hit lengths among the losses."""
+    total = sum(cost.prefill_flops(0, r.input_length) for r in trace.requests)
+    lost = won = 0.0
+    fewer = more = 0
+    pairs: Counter = Counter()
+    for i, a in first["hits"].items():
+        b = second["hits"].get(i, 0)
+        if a == b:
+            continue
+        points = 100 * (cost.prefill_flops(0, a) - cost.prefill_flops(0, b)) / total
+        if a < b:
+            fewer, lost = fewer + 1, lost - points
+            pairs[a, b] += 1
+        else:
+            more, won = more + 1, won + points
+    return {"fewer": fewer, "lost": lost, "more": more, "won": won,
+            "pairs": pairs.most_common(TOP_PAIRS)}
+
+
+def markdown(rows: list[dict], names: tuple[str, str]) -> str:
+    a, b = names
+    out = [f"`{a}` against `{b}`, request by request (points: % of all prompts' prefill FLOPs)",
+           "",
+           f"| capacity | FLOP hit {a} / {b} | requests {a} hit less of | points lost | "
+           f"requests it hit more of | points won | commonest losses (hit tokens {a}, {b}: "
+           f"requests) | victims {a} ({', '.join(PLACES)}) | victims {b} |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d = r["diff"]
+        pairs = "; ".join(f"{x}, {y}: {n}" for (x, y), n in d["pairs"]) or "—"
+        va, vb = ("/".join(str(v[p]) for p in PLACES) for v in (r["first"]["victims"],
+                                                               r["second"]["victims"]))
+        out.append(f"| {r['capacity']} | {100 * r['first']['flop_hit_rate']:.2f} / "
+                   f"{100 * r['second']['flop_hit_rate']:.2f} % | {d['fewer']} | "
+                   f"{d['lost']:.2f} | {d['more']} | {d['won']:.2f} | {pairs} | {va} | {vb} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    try:
+        args = replay.parse_args([*argv, "--no-progress"])
+        names = tuple(args.policies.split(","))
+        if len(names) != 2 or names[0] == names[1]:
+            raise replay.UsageError("--policies: name two different policies, e.g. mla_aware,lru")
+        if args.cache != "unified" or args.host_tier:
+            raise replay.UsageError("request_diff.py replays the unified tree without a host "
+                                    "tier (SGLang's default)")
+        trace, cost, configs = replay.prepare(args)
+    except replay.UsageError as e:
+        print(f"request_diff.py: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse has printed its message
+        return e.code if isinstance(e.code, int) else 2
+    from tqdm import tqdm
+
+    replay.init_process()
+    by_capacity: dict[str, dict] = {}
+    for config in tqdm(configs, desc="replays", file=sys.stderr):
+        side = "first" if config.policy == names[0] else "second"
+        by_capacity.setdefault(config.capacity_label, {})[side] = measure(trace, cost, config)
+    rows = [{"capacity": cap, **sides, "diff": compare(trace, cost, sides["first"],
+                                                      sides["second"])}
+            for cap, sides in by_capacity.items()]
+    print(markdown(rows, names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
