@@ -204,7 +204,7 @@ class MLAAwareStrategy(EvictionStrategy):
             setattr(upper, _CHILDREN, children)
         seen = upper._mla_seen
         seen.probationary = lower._mla_seen.probationary
-        seen.trimmed = True  # its one child is its own tail, no continuation
+        seen.trimmed = True  # its tail, counted as a child, is no continuation
         if density is not None and seen.backed == lower._mla_seen.backed:
             seen.density, seen.hits = density, None  # the value is recomputed at the next score
 
@@ -463,17 +463,18 @@ class GhostLearning:
         self._build_oldest = 0.0
 
     def _apply(self) -> None:
-        log_max = math.log(self.MAX_FACTOR)
-        self.log_factor = min(max(self.log_factor - self.STEP * self._factor_steps, 0.0), log_max)
+        self.log_factor = self._stepped(self.log_factor, self._factor_steps)
         self.factor = math.exp(self.log_factor)
-        self.log_superseded = min(
-            max(self.log_superseded - self.STEP * self._superseded_steps, 0.0), log_max
-        )
+        self.log_superseded = self._stepped(self.log_superseded, self._superseded_steps)
         self.superseded_factor = math.exp(self.log_superseded)
         low, high = self.WEIGHT_BOUNDS
         self.weight = min(max(self.weight + self._weight_step, low), high)
         self._factor_steps = self._superseded_steps = 0
         self._weight_step, self._dirty = 0.0, False
+
+    def _stepped(self, log_value: float, steps: int) -> float:
+        """A log factor after ``steps`` net steps down, within ``[0, log(MAX_FACTOR)]``."""
+        return min(max(log_value - self.STEP * steps, 0.0), math.log(self.MAX_FACTOR))
 
 
 class _Seen:
