@@ -34,11 +34,10 @@ def measure(trace, cost, config) -> dict:
     each victim's place (:data:`PLACES`).
 
     Hits are seen by wrapping the replayer's ``_account_hit`` (called once per served
-    request), victims by wrapping the tree core's ``_delete_unbacked_device_leaf`` (how a
-    device leaf leaves the tree without a host tier) on this replay only. Returns
+    request) on this replay only, victims through ``Replayer.watch_victims``. Returns
     ``{"flop_hit_rate", "hits": {index: tokens}, "victims": Counter by place}``.
     """
-    from simulator import OUTPUT_TOKEN_BASE, Replayer, _strategy_owner
+    from simulator import Replayer, holds_own_output
 
     replayer = Replayer(trace, cost, config)
     index = {id(req): i for i, req in enumerate(trace.requests)}
@@ -51,17 +50,13 @@ def measure(trace, cost, config) -> dict:
         hits[index[id(req)]] = counted[0]
         return counted
 
-    core = _strategy_owner(replayer.cache)
-    delete = core._delete_unbacked_device_leaf
-
-    def noting_delete(node, *args, **kwargs):
-        place = (PLACES[2] if node.key.token_ids[0] >= OUTPUT_TOKEN_BASE else
+    def noting_victim(node):
+        place = (PLACES[2] if holds_own_output(node) else
                  PLACES[0] if node.parent.parent is None else PLACES[1])
         victims[place] += 1
-        return delete(node, *args, **kwargs)
 
-    replayer._account_hit = noting_hit  # instance attributes: this replay only
-    core._delete_unbacked_device_leaf = noting_delete
+    replayer._account_hit = noting_hit  # an instance attribute: this replay only
+    replayer.watch_victims(noting_victim)
     result = replayer.run()
     return {"flop_hit_rate": result.summary()["flop_hit_rate"], "hits": hits,
             "victims": victims}

@@ -59,22 +59,19 @@ def measure(trace, cost, config) -> dict:
     whether its content did, and counting apart (``outputs``) the victims that begin with an output page
     of their own.
 
-    Victims are seen by wrapping, on this replay's tree only, the unified core's
-    ``_delete_unbacked_device_leaf`` (how a device leaf leaves the tree when there is no
-    host tier), returns by wrapping its learning's ``_learn`` (called once per victim
-    that comes back, with that victim's record), and prompts by wrapping the cache's
-    ``match_prefix`` (called at each attempt to admit a request, before anything is
-    evicted for it).
+    Victims are seen through ``Replayer.watch_victims``, and, on this replay only, returns
+    by wrapping the learning's ``_learn`` (called once per victim that comes back, with
+    that victim's record) and prompts by wrapping the cache's ``match_prefix`` (called at
+    each attempt to admit a request, before anything is evicted for it).
     ``cells`` counts victims and returns by ``(hits, children)`` and by hit_cap kind,
     ``by["depth"]`` and ``by["kind"]`` by depth and by kind (:data:`KINDS`) with "victims",
     "back" and "content".
     """
     from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
-    from simulator import OUTPUT_TOKEN_BASE, Replayer, _strategy_owner
+    from simulator import Replayer, holds_own_output
 
     replayer = Replayer(trace, cost, config)
     learning = replayer.strategy.learning
-    core = _strategy_owner(replayer.cache)
     # id of the victim's record -> [record, hits, children, back]; holding the record keeps
     # its id from being reused by a later one, so the id alone identifies it
     victims: dict[int, list] = {}
@@ -91,13 +88,10 @@ def measure(trace, cost, config) -> dict:
             prompts[page].append(matches)
         return match_prefix(params)
 
-    delete = core._delete_unbacked_device_leaf
-
-    def noting_delete(node, *args, **kwargs):
+    def noting_victim(node):
         nonlocal outputs
         seen = node.__dict__.get("_mla_seen")
-        first = node.key.token_ids[0]
-        if first >= OUTPUT_TOKEN_BASE:
+        if holds_own_output(node):
             outputs += 1
         elif seen is not None:  # every victim was scored first
             depth, up = 0, node.parent
@@ -106,8 +100,7 @@ def measure(trace, cost, config) -> dict:
             kind = (KINDS[0] if node.priority < node.parent.priority else
                     KINDS[1] if node.priority <= 0 else KINDS[2])
             victims[id(seen)] = [seen, node.hit_count, GhostLearning.children(node), False,
-                                 depth, kind, first, matches]
-        return delete(node, *args, **kwargs)
+                                 depth, kind, node.key.token_ids[0], matches]
 
     learn = learning._learn
 
@@ -118,7 +111,7 @@ def measure(trace, cost, config) -> dict:
         return learn(victim)
 
     replayer.cache.match_prefix = noting_match  # an instance attribute: this replay only
-    core._delete_unbacked_device_leaf = noting_delete  # looked up on the core at each call
+    replayer.watch_victims(noting_victim)
     learning._learn = noting_learn
     replayer.run()
     cells: Counter = Counter()

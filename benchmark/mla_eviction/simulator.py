@@ -345,6 +345,19 @@ class Replayer:
         """The eviction strategy the cache scores leaves with."""
         return _strategy_owner(self.cache).eviction_strategy
 
+    def watch_victims(self, note) -> None:
+        """Call ``note(node)`` with each device leaf this replay's tree evicts, before it
+        goes: wraps the unified core's ``_delete_unbacked_device_leaf`` (how a device leaf
+        leaves the tree without a host tier) on this replay's core only."""
+        core = _strategy_owner(self.cache)
+        delete = core._delete_unbacked_device_leaf
+
+        def noting(node, *args, **kwargs):
+            note(node)
+            return delete(node, *args, **kwargs)
+
+        core._delete_unbacked_device_leaf = noting  # looked up on the core at each call
+
     # ---- keys ---------------------------------------------------------------
 
     def _pages(self, idx: int, req: Request, num_tokens: int) -> np.ndarray:
@@ -590,6 +603,12 @@ class Replayer:
 
 
 _REJECTED = object()
+
+
+def holds_own_output(node: Any) -> bool:
+    """Whether ``node`` begins with output pages of its own request (ids from
+    :data:`OUTPUT_TOKEN_BASE`), which no later prompt holds."""
+    return node.key.token_ids[0] >= OUTPUT_TOKEN_BASE
 
 
 def _strategy_owner(cache):
