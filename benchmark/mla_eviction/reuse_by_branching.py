@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import replay  # noqa: E402
 
 # Cost-weighted LRU: the victims do not depend on hits or on what the learning would teach.
-NEUTRAL = {"hit_exponent": 0, "hit_cap": False, "probation": False, "value_weight": False}
+NEUTRAL = {"hit_exponent": 0, "hit_cap": False, "probation": False, "value_weight": False,
+           "superseded": False}
 MAX_BUCKET = 4  # hits, children and depths of at least 4 share a row / column
 KINDS = ("below its parent's priority", "priority 0", "priority 1+")
 
