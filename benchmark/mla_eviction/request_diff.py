@@ -103,35 +103,57 @@ def markdown(rows: list[dict], names: tuple[str, str]) -> str:
     return "\n".join(out)
 
 
+def prepare(argv: list[str], prog: str, check=None):
+    """replay.py's arguments ``argv`` for a tool that replays the unified tree without a host
+    tier (SGLang's default): ``(args, trace, cost, configs)``, or exit status 2 after the
+    error is printed. ``check(args)`` may raise ``replay.UsageError`` for the tool's own
+    rules."""
+    try:
+        args = replay.parse_args([*argv, "--no-progress"])
+        if check is not None:
+            check(args)
+        if args.cache != "unified" or args.host_tier:
+            raise replay.UsageError(f"{prog} replays the unified tree without a host "
+                                    "tier (SGLang's default)")
+        return (args, *replay.prepare(args))
+    except replay.UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse has printed its message
+        return e.code if isinstance(e.code, int) else 2
+
+
+def measure_all(trace, cost, configs) -> dict[str, dict[str, dict]]:
+    """:func:`measure` of every config, with a progress bar: capacity label -> policy ->
+    its measure."""
+    from tqdm import tqdm
+
+    replay.init_process()
+    out: dict[str, dict] = {}
+    for config in tqdm(configs, desc="replays", file=sys.stderr):
+        out.setdefault(config.capacity_label, {})[config.policy] = measure(trace, cost, config)
+    return out
+
+
+def _two_policies(args) -> None:
+    names = args.policies.split(",")
+    if len(names) != 2 or names[0] == names[1]:
+        raise replay.UsageError("--policies: name two different policies, e.g. mla_aware,lru")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
-    try:
-        args = replay.parse_args([*argv, "--no-progress"])
-        names = tuple(args.policies.split(","))
-        if len(names) != 2 or names[0] == names[1]:
-            raise replay.UsageError("--policies: name two different policies, e.g. mla_aware,lru")
-        if args.cache != "unified" or args.host_tier:
-            raise replay.UsageError("request_diff.py replays the unified tree without a host "
-                                    "tier (SGLang's default)")
-        trace, cost, configs = replay.prepare(args)
-    except replay.UsageError as e:
-        print(f"request_diff.py: error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # argparse has printed its message
-        return e.code if isinstance(e.code, int) else 2
-    from tqdm import tqdm
-
-    replay.init_process()
-    by_capacity: dict[str, dict] = {}
-    for config in tqdm(configs, desc="replays", file=sys.stderr):
-        side = "first" if config.policy == names[0] else "second"
-        by_capacity.setdefault(config.capacity_label, {})[side] = measure(trace, cost, config)
-    rows = [{"capacity": cap, **sides, "diff": compare(trace, cost, sides["first"],
-                                                      sides["second"])}
-            for cap, sides in by_capacity.items()]
+    prepared = prepare(argv, "request_diff.py", _two_policies)
+    if isinstance(prepared, int):
+        return prepared
+    args, trace, cost, configs = prepared
+    names = tuple(args.policies.split(","))
+    rows = [{"capacity": cap, "first": runs[names[0]], "second": runs[names[1]],
+             "diff": compare(trace, cost, runs[names[0]], runs[names[1]])}
+            for cap, runs in measure_all(trace, cost, configs).items()]
     print(markdown(rows, names))
     return 0
 
