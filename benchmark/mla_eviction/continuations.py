@@ -11,8 +11,10 @@ prefix the earlier one shared too, such as a system prompt) and at least two blo
 (every prompt of a trace may share a first block). Its *predecessor* is the latest earlier
 request through the longest prefix it shares; its *gap* the time between the two arrivals.
 A turn that added less than a block to its history is not followed: its next turn shares no
-more with it than with the turn before, as a sibling would. Takes replay.py's arguments (unified tree, no host tier)
-and, for each capacity and policy, prints two tables:
+more with it than with the turn before, as a sibling would.
+
+Takes replay.py's arguments (unified tree, no host tier; ``--policies`` defaults to
+lru,mla_aware,optimal) and, for each capacity and policy, prints two tables:
 
 - by gap: the continuations in each band and the share of their shared prefix each policy
   served from cache (hit tokens over shared tokens, at most 1, averaged);
