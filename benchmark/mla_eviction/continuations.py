@@ -54,20 +54,21 @@ def find_continuations(trace) -> list[Continuation]:
     """The trace's continuations (module docstring), in trace order.
 
     A trie of block ids remembers the latest request through each prefix; a request's
-    predecessor is the one remembered at the deepest node its blocks reach.
+    predecessor is the one remembered at the deepest entry its blocks reach, read as its
+    walk passes (and overwrites) it.
     """
-    root: dict = {}
-    last_through: dict[int, int] = {}  # id(trie node) -> latest request through it
+    root: dict = {}  # block id -> [children, latest request through it]
     reached: list[int] = []  # per request: blocks it shared with an earlier one
     out = []
     for i, req in enumerate(trace.requests):
-        node, depth, predecessor = root, 0, None
+        children, depth, predecessor = root, 0, None
         for block in req.hash_ids:
-            child = node.get(block)
-            if child is None:
-                break
-            node, depth = child, depth + 1
-            predecessor = last_through[id(node)]
+            entry = children.get(block)
+            if entry is None:  # new from here on: every entry below is new too
+                entry = children[block] = [{}, i]
+            else:
+                depth, predecessor, entry[1] = depth + 1, entry[1], i
+            children = entry[0]
         reached.append(depth)
         if predecessor is not None and depth >= 2 and depth > reached[predecessor]:
             before = trace.requests[predecessor]
@@ -75,10 +76,6 @@ def find_continuations(trace) -> list[Continuation]:
                 shared = min(depth * trace.block_size, before.input_length)
                 out.append(Continuation(i, predecessor, shared,
                                         req.timestamp_s - before.timestamp_s))
-        node = root
-        for block in req.hash_ids:
-            node = node.setdefault(block, {})
-            last_through[id(node)] = i
     return out
 
 
@@ -96,9 +93,9 @@ def band_names(bounds: tuple, unit: str, scale: float = 1) -> list[str]:
 
 def tables(trace, cost, continuations: list[Continuation], hits: dict[str, dict]) -> dict:
     """Per gap band: count and each policy's mean served share; per shared-length band (and
-    "continues nothing"): count and each policy's FLOP points. ``hits``: policy -> request
-    index -> hit tokens (:func:`request_diff.measure`)."""
-    total = sum(cost.prefill_flops(0, r.input_length) for r in trace.requests)
+    "continues nothing"): count and each policy's FLOP points (:func:`request_diff.points`).
+    ``hits``: policy -> request index -> hit tokens (:func:`request_diff.measure`)."""
+    earned = request_diff.points(trace, cost)
     by_gap = [{"n": 0, **{p: 0.0 for p in hits}} for _ in GAP_BANDS_S]
     by_shared = [{"n": 0, **{p: 0.0 for p in hits}} for _ in range(len(SHARED_BANDS_TOKENS) + 1)]
     continuing = {c.index: c for c in continuations}
@@ -112,7 +109,7 @@ def tables(trace, cost, continuations: list[Continuation], hits: dict[str, dict]
         row = by_shared[-1 if c is None else band(c.shared_tokens, SHARED_BANDS_TOKENS)]
         row["n"] += 1
         for policy, h in hits.items():
-            row[policy] += 100 * cost.prefill_flops(0, h.get(i, 0)) / total
+            row[policy] += earned(h.get(i, 0))
     for row in by_gap:
         for policy in hits:
             row[policy] = row[policy] / row["n"] if row["n"] else None

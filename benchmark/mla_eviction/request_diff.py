@@ -62,11 +62,19 @@ def measure(trace, cost, config) -> dict:
             "victims": victims}
 
 
+def points(trace, cost):
+    """A request's hit tokens -> the FLOP hit-rate points they earn: their prefill FLOPs in
+    % of all the trace's prompts' (over all requests, those points sum to the FLOP hit
+    rate)."""
+    total = sum(cost.prefill_flops(0, r.input_length) for r in trace.requests)
+    return lambda tokens: 100 * cost.prefill_flops(0, tokens) / total
+
+
 def compare(trace, cost, first: dict, second: dict) -> dict:
     """Requests ``first`` hit less / more of than ``second``: counts, FLOP hit-rate points
-    lost / won (in points of all prompts' prefill FLOPs) and the commonest (first, second)
-    hit lengths among the losses."""
-    total = sum(cost.prefill_flops(0, r.input_length) for r in trace.requests)
+    lost / won (:func:`points`) and the commonest (first, second) hit lengths among the
+    losses."""
+    earned = points(trace, cost)
     lost = won = 0.0
     fewer = more = 0
     pairs: Counter = Counter()
@@ -74,12 +82,12 @@ def compare(trace, cost, first: dict, second: dict) -> dict:
         b = second["hits"].get(i, 0)
         if a == b:
             continue
-        points = 100 * (cost.prefill_flops(0, a) - cost.prefill_flops(0, b)) / total
+        gained = earned(a) - earned(b)
         if a < b:
-            fewer, lost = fewer + 1, lost - points
+            fewer, lost = fewer + 1, lost - gained
             pairs[a, b] += 1
         else:
-            more, won = more + 1, won + points
+            more, won = more + 1, won + gained
     return {"fewer": fewer, "lost": lost, "more": more, "won": won,
             "pairs": pairs.most_common(TOP_PAIRS)}
 
