@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
-    if "--policies" not in argv:
+    if not any(a == "--policies" or a.startswith("--policies=") for a in argv):
         argv += ["--policies", DEFAULT_POLICIES]
     prepared = request_diff.prepare(argv, "continuations.py")
     if isinstance(prepared, int):

@@ -100,6 +100,14 @@ class TestTables(CustomTestCase):
 
 
 class TestUsage(CustomTestCase):
+    def test_policies_given_either_way_are_kept(self):
+        for given in (["--policies", "lru"], ["--policies=lru"]):
+            with self.subTest(given=given):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                    self.assertEqual(continuations.main([*SOURCE, *given]), 0)
+                self.assertIn("| gap | continuations | lru |\n", out.getvalue())
+
     def test_host_tier_refused(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
