@@ -47,9 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replay  # noqa: E402
 
-# Cost-weighted LRU: the victims do not depend on hits or on what the learning would teach.
+# Cost-weighted LRU: the victims do not depend on hits, on what the learning would teach or
+# on sessions closing (the tables were measured before mla_sessions).
 NEUTRAL = {"hit_exponent": 0, "hit_cap": False, "probation": False, "value_weight": False,
-           "superseded": False}
+           "superseded": False, "sessions": False}
 MAX_BUCKET = 4  # hits, children and depths of at least 4 share a row / column
 KINDS = ("below its parent's priority", "priority 0", "priority 1+")
 

@@ -22,6 +22,9 @@ changes as commits and writes them with ``git format-patch`` into DIR
    ``UnifiedRadixCache._evict`` and ``trim_victim(...)`` in each step of
    ``UnifiedTreeCore.evict_device_next_node``; the leaf index (``mla_leaf_index``):
    ``start_walk``, ``next_node`` and ``end_walk`` in the Full component's eviction walk;
+   sessions (``mla_sessions``): ``note_insert(...)`` after each tree's insert and
+   ``close(...)`` in ``release_radix_session`` of both trees and in
+   ``SessionController.close``;
 3. the tests: every ``test/registered/unit/mem_cache/test_*.py`` that depends on nothing
    outside the exported modules (no plugin, no version check, nothing under
    ``benchmark/``), plus ``test_mla_aware_eviction_wiring.py``, generated here, which tests
@@ -394,7 +397,7 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         f"{_SRT}/mem_cache/unified_radix_cache.py",
         "from sglang.srt.mem_cache.common import RetractionBackup\n",
-        "from sglang.srt.mem_cache import mla_victim_trim\n",
+        "from sglang.srt.mem_cache import mla_sessions, mla_victim_trim\n",
         where="before",
     ),
     Edit(
@@ -415,6 +418,55 @@ EDITS: tuple[Edit, ...] = (
         "        result.made_progress = (\n            result.node_id is not None\n",
         "        mla_victim_trim.trim_victim(self, component_type, tracker, result)\n",
         where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/unified_radix_cache.py",
+        "                    return step.result\n",
+        "                    mla_sessions.note_insert(self, params, step.result)\n",
+        where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/unified_radix_cache.py",
+        "    def release_radix_session(self, session_id: str) -> int:\n",
+        "        mla_sessions.close(self, session_id)\n",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/radix_cache.py",
+        "from sglang.srt.mem_cache.base_prefix_cache import (\n",
+        "from sglang.srt.mem_cache import mla_sessions\n",
+        where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/radix_cache.py",
+        "        return InsertResult(prefix_len=prefix_len, last_device_node=last_node)\n",
+        "        result = InsertResult(prefix_len=prefix_len, last_device_node=last_node)\n"
+        "        mla_sessions.note_insert(self, params, result)\n"
+        "        return result\n",
+        where="replace",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/base_prefix_cache.py",
+        "from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator\n",
+        "from sglang.srt.mem_cache import mla_sessions\n",
+        where="before",
+    ),
+    Edit(
+        f"{_SRT}/mem_cache/base_prefix_cache.py",
+        "    def release_radix_session(self, session_id: str) -> None:\n        pass\n",
+        "    def release_radix_session(self, session_id: str) -> None:\n"
+        "        mla_sessions.close(self, session_id)\n",
+        where="replace",
+    ),
+    Edit(
+        f"{_SRT}/session/session_controller.py",
+        "from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req\n",
+        "from sglang.srt.mem_cache import mla_sessions\n",
+    ),
+    Edit(
+        f"{_SRT}/session/session_controller.py",
+        "    def close(self, recv_req: CloseSessionReqInput):\n"
+        "        session_id = recv_req.session_id\n",
+        "        mla_sessions.close(self.tree_cache, session_id)\n",
     ),
     Edit(_FULL_COMPONENT, "from sglang.srt.mem_cache.base_prefix_cache import (\n",
          "from sglang.srt.mem_cache import mla_leaf_index\n", where="before"),

@@ -64,8 +64,10 @@ from sglang.srt.mem_cache.mla_cost_model import (
     KVCostModel,
     ModelConfigError,
 )
+from sglang.srt.mem_cache.mla_sessions import CLOSED_HITS, SessionBook
 
 POLICY_NAME = "mla_aware"
+_CLOSED = ("closed",)  # the score class of leaves only closed sessions used
 _CHILDREN = "_mla_children"  # the node attribute GhostLearning counts scored children in
 
 # Keys of --radix-eviction-policy-config, with their types and defaults.
@@ -89,6 +91,7 @@ _TUNABLE_KEYS = {
     "probation": (bool, True),
     "value_weight": (bool, True),
     "superseded": (bool, True),
+    "sessions": (bool, True),
     "trim_victims": (bool, True),
     "indexed_eviction": (bool, True),
 }
@@ -112,6 +115,7 @@ class MLAAwareStrategy(EvictionStrategy):
         probation: bool = True,
         value_weight: bool = True,
         superseded: bool = True,
+        sessions: bool = True,
         trim_victims: bool = True,
         indexed_eviction: bool = True,
         key_unit_tokens: int = 1,
@@ -131,6 +135,10 @@ class MLAAwareStrategy(EvictionStrategy):
         self.learning = GhostLearning(
             probation=probation, value_weight=value_weight, superseded=superseded
         )
+        # Sessions the client closed: what only they used goes first (mla_sessions).
+        self.sessions = SessionBook() if sessions else None
+        if self.sessions is not None:
+            self.sessions.listeners.append(self._closed_changed)
         # Price per byte by (start, end, backed): without depth pricing, one entry per key
         # length, so a new leaf is priced by a lookup (the cost model is frozen).
         self._density = functools.lru_cache(maxsize=1 << 12)(self._price_per_byte)
@@ -161,18 +169,32 @@ class MLAAwareStrategy(EvictionStrategy):
         if seen.density is None or (self.host_aware and seen.backed != self._is_backed(node)):
             self._price(node, seen)
         # The memo's key: hit_count, GhostLearning.children (read inline, this runs for every
-        # leaf at every eviction) and the weight; the value is recomputed only when one changed.
+        # leaf at every eviction) and the weight; the value and whether only a closed session
+        # used the node are recomputed only when one changed (a close resets the key:
+        # _closed_changed).
         hits, children, weight = node.hit_count, node.__dict__.get(_CHILDREN, 0), learning.weight
         if hits != seen.hits or children != seen.children or weight != seen.weight:
             seen.hits, seen.children, seen.weight = hits, children, weight
             reuse = 1 + self._capped_hits(hits, children)
             seen.value = (seen.density * reuse ** self.hit_exponent) ** weight
+            closed_hits = node.__dict__.get(CLOSED_HITS)  # mla_sessions.closed(node), inline
+            seen.closed = closed_hits is not None and hits <= closed_hits
+        if seen.closed:
+            return (float("-inf"), node.last_access_time)
         value = seen.value
         if seen.probationary:
             age *= learning.factor
             if children == 1 and not seen.trimmed:  # seen.superseded(), inline
                 age *= learning.superseded_factor
         return (-age / value if value > 0 else float("-inf"), node.last_access_time)
+
+    def _closed_changed(self, nodes: list) -> None:
+        """A close marked ``nodes`` (or forgot them): their memo is recomputed at the next
+        score."""
+        for node in nodes:
+            seen = node.__dict__.get("_mla_seen")
+            if seen is not None:
+                seen.hits = None
 
     def score_class(self, node: Any) -> tuple:
         """The class of a node just scored: its probation state, whether it is superseded,
@@ -181,6 +203,8 @@ class MLAAwareStrategy(EvictionStrategy):
         :meth:`get_priority` orders them as their ``last_access_time`` at every clock
         reading, factor and weight (what :mod:`mla_leaf_index` rests on)."""
         seen = node._mla_seen
+        if seen.closed:
+            return _CLOSED
         return (seen.probationary, seen.superseded(), seen.density,
                 self._capped_hits(seen.hits, seen.children))
 
@@ -196,6 +220,8 @@ class MLAAwareStrategy(EvictionStrategy):
         shorter head by its own length, or its hits by one child, would make it look
         cheaper and send it next (docs: victim trimming).
         """
+        if self.sessions is not None:
+            self.sessions.inherit(upper, lower)
         density = getattr(lower.__dict__.get("_mla_seen"), "density", None)
         children = GhostLearning.children(lower)
         self.get_priority(lower)
@@ -320,6 +346,7 @@ class GhostLearning:
         self.superseded_factor = 1.0
         self.weight = 1.0
         self.returns = [0, 0]  # victims that came back: (proven, probationary)
+        self.returns_closed = 0  # ... and closed ones (mla_sessions), which teach nothing
         self.returns_by_age = [0, 0]  # the same victims: (young, old) when last scored
         self._factor_steps = 0  # net steps not yet applied: log_factor (in STEPs) ...
         self._superseded_steps = 0  # ... log_superseded (in STEPs) ...
@@ -408,7 +435,11 @@ class GhostLearning:
         return False
 
     def _learn(self, victim: "_Seen") -> None:
-        """``victim`` came back: one step for each part switched on."""
+        """``victim`` came back: one step for each part switched on (none for a closed
+        victim: the client's close evicted it, not the factors)."""
+        if victim.closed:
+            self.returns_closed += 1
+            return
         self.returns[victim.probationary] += 1
         if self.learns_factor:
             self._factor_steps += 1 if victim.probationary else -1
@@ -490,7 +521,7 @@ class _Seen:
 
     __slots__ = ("owner", "parent_id", "signature", "creation_time", "probationary", "age",
                  "build", "backed", "density", "hits", "children", "weight", "value",
-                 "trimmed")
+                 "trimmed", "closed")
 
     def __init__(self, owner: GhostLearning, node: Any, signature: tuple):
         self.owner, self.parent_id, self.signature = owner, id(node.parent), signature
@@ -498,6 +529,7 @@ class _Seen:
         self.backed = False  # the strategy's memo: unpriced until its first score
         self.density = self.hits = self.children = self.weight = self.value = None
         self.trimmed = False  # the upper half of a victim trim (MLAAwareStrategy.on_split)
+        self.closed = False  # at its last score, used only by a closed session (mla_sessions)
 
     def superseded(self) -> bool:
         """Probationary with one child counted at its last score, while a leaf: the child

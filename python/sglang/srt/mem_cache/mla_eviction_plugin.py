@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
+from sglang.srt.mem_cache import mla_leaf_index, mla_sessions, mla_victim_trim
 from sglang.srt.mem_cache.mla_aware_policy import (
     POLICY_NAME,
     create_mla_aware_strategy,
@@ -69,13 +69,15 @@ def register() -> None:
 
 
 def register_tree_hooks() -> None:
-    """Register the tree's hooks only (idempotent): victim trimming and the leaf index.
+    """Register the tree's hooks only (idempotent): victim trimming, the leaf index and
+    the session tags and closes.
 
     What a caller that builds trees itself, without a server (a trace replay), needs for
     them to evict as a server's do; ``HookRegistry.apply_hooks()`` installs them.
     """
     mla_victim_trim.register_hooks()
     mla_leaf_index.register_hooks()
+    mla_sessions.register_hooks()
 
 
 def add_flag(_result: Any, parser: Any) -> None:

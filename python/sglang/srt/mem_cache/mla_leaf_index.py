@@ -79,6 +79,16 @@ class LeafIndex:
         self._walk: list = []  # heap of (priority, seq, leaf, its class or None)
         self._scored: dict = {}  # leaf -> priority, scored in the walk in progress
         self.walks = 0  # walks taken through the index
+        sessions = getattr(strategy, "sessions", None)
+        if sessions is not None:
+            sessions.listeners.append(self.class_changed)
+
+    def class_changed(self, nodes: Any) -> None:
+        """The class of ``nodes`` changed without an access (a session closed): each is
+        classed again at the next walk, if it is an evictable leaf then."""
+        for node in nodes:
+            self.forget(node)
+            self.changed.add(node)
 
     def track(self, tree_core: Any) -> set:
         """``tree_core``'s evictable device leaves, as a :class:`TrackedLeaves` of this

@@ -14,7 +14,10 @@ its own model of which slots each request holds and, after EVERY operation, chec
   trimmed (``mla_victim_trim``; off in the other unified configurations) exactly
   ``min(n rounded up to a page, evictable before)``, or more by less than
   ``MIN_SURPLUS_SHARE`` of the pool;
-* every ``_mla_prefix_end`` memo equals the node's real depth (the policy's only state).
+* every ``_mla_prefix_end`` memo equals the node's real depth, and every node marked
+  closed (``mla_sessions``) belongs to a session the policy's book has closed.
+
+Requests carry one of a few session ids (or none) and sessions close at random.
 
 The seeded loop runs ``MLA_INVARIANT_OPS`` operations in total (default 100,000) over
 the configurations below; a Hypothesis test replays short generated operation lists on
@@ -39,7 +42,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
+from sglang.srt.mem_cache import mla_leaf_index, mla_sessions, mla_victim_trim
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -215,9 +218,10 @@ class CacheDriver:
         assert len(path) >= m.device_prefix_len
         rid = self.next_rid
         self.next_rid += 1
+        session = self.rng.choice(self.SESSIONS)
         self.requests[rid] = dict(
             tokens=tokens, prefix=m.device_prefix_len, lock=lock, node=m.last_device_node,
-            path=path, new=None,
+            path=path, new=None, session=session,
         )
 
     def op_alloc(self):
@@ -247,6 +251,7 @@ class CacheDriver:
         values = torch.cat([s["path"][:prefix], s["new"]])
         res = self.cache.insert(InsertParams(
             key=RadixKey(array("q", s["tokens"])), value=values, prev_prefix_len=prefix,
+            session_id=s["session"],
         ))
         if self.kind == "radix":  # the unified tree frees its duplicates itself
             self.allocator.free(values[prefix : res.prefix_len])
@@ -278,6 +283,11 @@ class CacheDriver:
             lock, _, _ = self.pins.pop(self.rng.randrange(len(self.pins)))
             self.cache.unlock(lock)
 
+    def op_close(self):
+        """A client closes a session (``mla_sessions``: what only it used goes first);
+        session ids are reused, as a client may."""
+        self.cache.release_radix_session(self.rng.choice(self.SESSIONS[1:]))
+
     def op_evict(self):
         self._evict(self.rng.choice([1, self.page, 7, 16, 64, 1000]))
 
@@ -300,8 +310,9 @@ class CacheDriver:
             if self.rng.random() < 0.3:
                 n.backuped = True
 
-    OPS = ("match", "alloc", "insert", "free", "pin", "unpin", "evict")
-    WEIGHTS = (6, 6, 6, 1, 1, 1, 2)
+    OPS = ("match", "alloc", "insert", "free", "pin", "unpin", "evict", "close")
+    WEIGHTS = (6, 6, 6, 1, 1, 1, 2, 1)
+    SESSIONS = (None, "s0", "s1", "s2", "s3")  # a request's session (None: it has none)
 
     def step(self, op):
         getattr(self, "op_" + op)()
@@ -372,6 +383,10 @@ class CacheDriver:
                 memo = getattr(n, "_mla_prefix_end", None)
                 if memo is not None and memo != _depth(n):
                     raise InvariantError(f"after op {self.ops}: stale _mla_prefix_end {memo} != {_depth(n)}")
+                if mla_sessions.CLOSED_HITS in n.__dict__:
+                    entry = self.strategy.sessions._sessions.get(n.__dict__.get(mla_sessions.SESSION))
+                    if entry is None or not entry.closed:
+                        raise InvariantError(f"after op {self.ops}: a node closed outside a closed session")
 
     def _value(self, node):
         if self.kind == "unified":
@@ -477,6 +492,7 @@ class TestIndexedWalkTakesTheSameVictims(CustomTestCase):
                 self.assertGreater(walks[0], 0)
                 self.assertEqual(walks[1], 0)
                 self.assertGreater(sum(indexed.strategy.learning.returns), 0)
+                self.assertGreater(indexed.strategy.learning.returns_closed, 0)
 
 
 class unified_clock:
