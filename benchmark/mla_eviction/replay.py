@@ -25,6 +25,7 @@ DEFAULT_POLICIES = "lru,lfu,fifo,slru,priority,tlru,mla_aware,optimal"
 DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
 TRIM_VICTIMS = ("policy", "all", "none")  # simulator.ReplayConfig.trim
+SESSION_CLOSE = ("last-turn", "never")  # simulator.ReplayConfig.session_close
 RATE_KEYS = ("token_hit_rate", "flop_hit_rate")
 
 
@@ -65,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="free only the shortfall by trimming an eviction's last victim: where "
                         "the policy asks for it (mla_aware, as in a server, and the bound), for "
                         "every policy, or never (unified tree without a host tier only)")
+    p.add_argument("--session-close", choices=SESSION_CLOSE, default="last-turn",
+                   help="when a client ends a session (requests with a session id: the "
+                        "multi-turn workload, a trace with session ids): after its last "
+                        "request, as /close_session does, or never")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
     p.add_argument("--gpu-tflops", type=float, default=3200.0,
@@ -233,7 +238,7 @@ def plan(args, trace, cost):
             configs.append(ReplayConfig(
                 policy=name, capacity_tokens=tokens, mode=args.mode, cache=cache,
                 page_size=args.page_size, host_tier_tokens=host_tokens, clock=args.clock,
-                policy_config=cfg, trim=args.trim_victims,
+                policy_config=cfg, trim=args.trim_victims, session_close=args.session_close,
                 decode_s_per_token=args.decode_ms_per_token / 1e3,
                 capacity_fraction=share, capacity_label=label,
             ))

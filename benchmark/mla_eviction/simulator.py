@@ -74,6 +74,9 @@ class ReplayConfig:
     # every policy, "none".
     trim: str = "policy"
     decode_s_per_token: float = 0.03
+    # When a client ends a session (requests with a session_id): "last-turn", when its
+    # last request in the trace finishes (as /close_session does), or "never".
+    session_close: str = "last-turn"
     capacity_fraction: Optional[float] = None
     capacity_label: str = ""
 
@@ -292,6 +295,9 @@ class Replayer:
         self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None
         self.result = ReplayResult(config)
         self.result.trimmed = self._trim_victims()
+        # The request after which each session is closed (a client closing at its end).
+        self.session_ends = {} if config.session_close == "never" else {
+            r.session_id: r for r in trace.requests if r.session_id is not None}
 
     # ---- cache construction -------------------------------------------------
 
@@ -504,8 +510,9 @@ class Replayer:
             inserted = 0 if end <= prefix + 1 else end - 1
             self._timed(self.cache.insert, InsertParams(
                 key=key[:end], value=values[:end], prev_prefix_len=max(prefix, end - 1),
-                inserted_len=inserted,
+                inserted_len=inserted, session_id=req.session_id,
             ))
+        self._close_if_last(req)
 
     def _admit(self, idx: int, req: Request, now: float):
         """Admit ``req`` at ``now``: a running state, _REJECTED, or None to keep waiting."""
@@ -566,8 +573,10 @@ class Replayer:
             return
         key = RadixKey(array("q", s["pages"][:aligned].tobytes()))
         values = s["values"][:aligned].clone()
+        session = s["req"].session_id
         res = self._timed(self.cache.insert, InsertParams(
             key=key, value=values, prev_prefix_len=protected, inserted_len=s["inserted"],
+            session_id=session,
         ))
         if self.cfg.cache == "radix":  # the unified tree frees its duplicates itself
             self.allocator.free(values[protected : res.prefix_len])
@@ -576,7 +585,7 @@ class Replayer:
             # SGLang splits the leaf at the prompt boundary (prompt one priority up).
             self._timed(self.cache.insert, InsertParams(
                 key=key[:prompt_len], value=values[:prompt_len], prev_prefix_len=prompt_len,
-                inserted_len=prompt_len, priority=1,
+                inserted_len=prompt_len, priority=1, session_id=session,
             ))
         s["inserted"] = max(s["inserted"], aligned)
         tree_values = self.cache.path_device_indices(res.last_device_node)
@@ -594,6 +603,13 @@ class Replayer:
         self._checkpoint(s, s["req"].input_length + s["req"].output_length, finished=True)
         self.allocator.free(s["values"][s["protected"] :])
         self._timed(self.cache.unlock, s["lock"])
+        self._close_if_last(s["req"])
+
+    def _close_if_last(self, req: Request) -> None:
+        """After ``req`` finished: the client closes its session if it was the last
+        request of it (``cfg.session_close``), and the scheduler tells the tree."""
+        if req.session_id is not None and self.session_ends.get(req.session_id) is req:
+            self._timed(self.cache.release_radix_session, req.session_id)
 
     def _mark_backed_up(self, node: Any) -> None:
         """Flag a written-through path as host-backed (legacy tree only)."""

@@ -316,6 +316,41 @@ class TestKnownOutputs(CustomTestCase):
                 self.assertEqual(result.prompt_tokens, 3024)
 
 
+class TestSessionCloses(CustomTestCase):
+    def test_a_client_closes_each_session_after_its_last_request(self):
+        """Two sessions of two turns and a request with none: with ``last-turn`` the tree
+        hears two closes, each after its session's last request finished; with ``never``,
+        none. Every insert carries its request's session id."""
+        from sglang.srt.mem_cache.mla_eviction_plugin import register
+
+        register()
+        cost = KVCostModel.from_preset("deepseek-v3")
+        trace = Trace("sessions", 512, (
+            Request(0.0, 1024, 8, (1, 2), "a"),
+            Request(1.0, 1024, 8, (3, 4), "b"),
+            Request(2.0, 1024, 8, (5, 6)),
+            Request(50.0, 1500, 8, (1, 2, 7), "a"),
+            Request(60.0, 1500, 8, (3, 4, 8), "b"),
+        ))
+        for close, expected in (("last-turn", ["a", "b"]), ("never", [])):
+            with self.subTest(close=close):
+                r = Replayer(trace, cost, ReplayConfig(
+                    policy="mla_aware", capacity_tokens=64_000, session_close=close,
+                    policy_config={"model": "deepseek-v3", "page_size": 64,
+                                   "key_unit_tokens": 64}))
+                closes, inserts = [], []
+                release, insert = r.cache.release_radix_session, r.cache.insert
+                r.cache.release_radix_session = lambda sid: (
+                    closes.append((sid, r.result.requests)), release(sid))[1]
+                r.cache.insert = lambda params: (inserts.append(params.session_id),
+                                                 insert(params))[1]
+                r.run()
+                self.assertEqual([sid for sid, _ in closes], expected)
+                # Each close comes after its session's last request was admitted.
+                self.assertTrue(all(admitted >= 4 for _, admitted in closes))
+                self.assertEqual(set(inserts), {"a", "b", None})
+
+
 class TestPool(CustomTestCase):
     def test_a_pool_after_replays_in_place_does_not_hang(self):
         """libgomp is not fork-safe: replays in place (``--jobs 1``) over a pool large
