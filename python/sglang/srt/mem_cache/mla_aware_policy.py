@@ -40,6 +40,9 @@ raises it (LRU would have lost it too, and its sharing should have kept it), a y
 probationary one lowers it (its low value evicted it early); the mixed cases leave it.
 All three start at 1.
 
+A leaf that only a session the client has closed used scores ``(-inf, last_access_time)``:
+such leaves go first, oldest first (:mod:`mla_sessions`; ``sessions``, on by default).
+
 The strategy only scores; the cache decides how much to free. With ``trim_victims`` (on by
 default) the strategy asks the tree to free what an eviction is asked for rather than
 whole leaves: the last victim is split and only the tail still missing goes

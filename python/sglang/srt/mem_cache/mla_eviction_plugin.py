@@ -15,7 +15,8 @@ before the tree cache is built. Nothing in the installed ``sglang`` is edited:
   ``UnifiedRadixCache``, since the compiled one knows only the built-in policies, and
   (d) say in the log whether victims will be trimmed to the shortfall
   (:mod:`mla_victim_trim`, whose two tree hooks :func:`register` installs as well, as it
-  does the three walk hooks of :mod:`mla_leaf_index`).
+  does the three walk hooks of :mod:`mla_leaf_index` and the insert and close hooks of
+  :mod:`mla_sessions`).
 """
 
 from __future__ import annotations
