@@ -33,9 +33,10 @@ its listeners (:mod:`mla_leaf_index`) of each of the session's nodes still alive
 The tree calls :func:`note_insert` after each insert and :func:`close` when a session
 ends; the plugin wraps ``insert`` and ``release_radix_session`` of both trees and
 ``SessionController.close`` through SGLang's ``HookRegistry`` (:func:`register_hooks`);
-the upstream patch calls both in place. The book keeps at most ``MAX_SESSIONS`` sessions,
-the least recently tagged or closed forgotten first, with its tags and marks (its nodes
-are then live and untagged, and the listeners are told).
+the upstream patch calls both in place. The book keeps weak references to an open
+session's nodes (a closed one's are marked) and at most ``MAX_SESSIONS`` sessions, the
+least recently tagged or closed forgotten first: an open one with its tags, a closed one
+leaving its nodes closed.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class _Session:
     __slots__ = ("refs", "prune_at", "closed")
 
     def __init__(self):
-        self.refs: list = []  # weak refs to the nodes tagged with the session
+        self.refs: list = []  # weak refs to its tagged nodes, while it is open
         self.prune_at = 16  # dead refs are dropped when the list grows to this
         self.closed = False
 
@@ -105,20 +106,24 @@ class SessionBook:
                     break  # another request branched here
             else:
                 attrs[SESSION] = session
-                entry.add(node)
                 tagged.append(node)
                 node = node.parent
                 continue
             break
         if entry.closed:
             self._tell(_mark_closed(tagged))
+        else:
+            for node in tagged:
+                entry.add(node)
 
     def close(self, session: str) -> None:
         """``session`` has ended: its nodes are closed until a request counts a hit on
         them. Final: a later request of it leaves its nodes closed too."""
         entry = self._entry(session)
         entry.closed = True
-        self._tell(_mark_closed(entry.nodes()))
+        nodes = entry.nodes()
+        entry.refs = []  # marked: nothing more to do for them
+        self._tell(_mark_closed(nodes))
 
     def inherit(self, upper: Any, lower: Any) -> None:
         """``upper`` was split off ``lower`` to evict ``lower`` alone: it keeps the tag
@@ -127,14 +132,16 @@ class SessionBook:
         entry = self._sessions.get(session)
         if entry is not None:
             setattr(upper, SESSION, session)
-            entry.add(upper)
             hits = lower.__dict__.get(CLOSED_HITS)
             if hits is not None:
                 setattr(upper, CLOSED_HITS, hits)
+            if not entry.closed:
+                entry.add(upper)
 
     def _entry(self, session: str) -> _Session:
         """``session``'s entry, now the most recent; the least recent is forgotten past
-        ``MAX_SESSIONS``: its tags go, so none of its nodes stays closed untold."""
+        ``MAX_SESSIONS``: an open one's tags go (its nodes are then no session's), a
+        closed one's nodes stay closed."""
         sessions = self._sessions
         entry = sessions.get(session)
         if entry is not None:
@@ -143,10 +150,8 @@ class SessionBook:
         if len(sessions) >= self.MAX_SESSIONS:
             _, oldest = sessions.popitem(last=False)
             nodes = oldest.nodes()
-            for node in nodes:
+            for node in nodes:  # open: none is closed, no score changes
                 node.__dict__.pop(SESSION, None)
-                node.__dict__.pop(CLOSED_HITS, None)
-            self._tell(nodes)
         entry = sessions[session] = _Session()
         return entry
 

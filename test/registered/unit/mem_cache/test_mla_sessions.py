@@ -237,19 +237,32 @@ class TestHooks(CustomTestCase):
 
 
 class TestBook(CustomTestCase):
-    def test_the_least_recent_session_is_forgotten_with_its_tags(self):
+    def test_the_least_recent_session_is_forgotten(self):
+        # An open one with its tags (its nodes become no session's and can be tagged
+        # again); a closed one leaving its nodes closed (a close is final).
         cache = build()
+        book = strategy(cache).sessions
         with mock.patch.object(SessionBook, "MAX_SESSIONS", 2):
             insert(cache, A1, "A")
-            mla_sessions.close(cache, "A")
             insert(cache, B1, "B")
-            told = []
-            strategy(cache).sessions.listeners.append(told.extend)
-            insert(cache, C1, "C")  # a third session: A is forgotten
-        node = node_at(cache, A1)
-        self.assertIsNone(node.__dict__.get(SESSION))
-        self.assertFalse(mla_sessions.closed(node))
-        self.assertIn(node, told)  # its class changed: the index is told
+            mla_sessions.close(cache, "B")
+            insert(cache, C1, "C")  # a third session: A, the least recent, is forgotten
+            self.assertEqual(list(book._sessions), ["B", "C"])
+            insert(cache, A2, "D")  # a fourth: B goes
+            self.assertEqual(list(book._sessions), ["C", "D"])
+        # A's turn was untagged when A was forgotten, so D's next turn over it tags it.
+        self.assertEqual(node_at(cache, A1).__dict__.get(SESSION), "D")
+        self.assertFalse(mla_sessions.closed(node_at(cache, A1)))
+        self.assertEqual(node_at(cache, A2).__dict__.get(SESSION), "D")
+        self.assertTrue(mla_sessions.closed(node_at(cache, B1)))
+
+    def test_a_closed_session_keeps_no_references(self):
+        cache = build()
+        insert(cache, A1, "A")
+        book = strategy(cache).sessions
+        self.assertEqual(len(book._sessions["A"].refs), 1)
+        mla_sessions.close(cache, "A")
+        self.assertEqual(book._sessions["A"].refs, [])
 
     def test_a_close_tells_the_listeners_of_the_sessions_nodes(self):
         cache = build()
