@@ -295,9 +295,7 @@ class Replayer:
         self.host = HostTier(config.host_tier_tokens // self.unit) if config.host_tier_tokens else None
         self.result = ReplayResult(config)
         self.result.trimmed = self._trim_victims()
-        # The request after which each session is closed (a client closing at its end).
-        self.session_ends = {} if config.session_close == "never" else {
-            r.session_id: r for r in trace.requests if r.session_id is not None}
+        self._session_ends: tuple = (None, {})  # (trace, session -> its last request)
 
     # ---- cache construction -------------------------------------------------
 
@@ -607,8 +605,15 @@ class Replayer:
 
     def _close_if_last(self, req: Request) -> None:
         """After ``req`` finished: the client closes its session if it was the last
-        request of it (``cfg.session_close``), and the scheduler tells the tree."""
-        if req.session_id is not None and self.session_ends.get(req.session_id) is req:
+        request of it in ``self.trace`` (``cfg.session_close``), and the scheduler tells
+        the tree."""
+        if req.session_id is None or self.cfg.session_close == "never":
+            return
+        trace, ends = self._session_ends
+        if trace is not self.trace:  # a caller replaying chunk after chunk sets a new one
+            ends = {r.session_id: r for r in self.trace.requests if r.session_id is not None}
+            self._session_ends = (self.trace, ends)
+        if ends.get(req.session_id) is req:
             self._timed(self.cache.release_radix_session, req.session_id)
 
     def _mark_backed_up(self, node: Any) -> None:

@@ -27,6 +27,7 @@ Exit status 1 when a sample breaks that, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import sys
@@ -60,6 +61,7 @@ def sample(replayer, served: int, t0: float) -> dict:
     )
     r = replayer.result
     learning = getattr(replayer.strategy, "learning", None)
+    book = getattr(replayer.strategy, "sessions", None)
     return {
         "requests": served,
         "elapsed_s": round(time.perf_counter() - t0, 2),
@@ -75,6 +77,8 @@ def sample(replayer, served: int, t0: float) -> dict:
         "token_hit_rate": round(r.hit_tokens / max(r.prompt_tokens, 1), 4),
         "evictions": r.evictions,
         "ghosts": len(learning._ghosts) if learning else 0,
+        "sessions": len(book._sessions) if book else 0,
+        "session_refs": sum(len(e.refs) for e in book._sessions.values()) if book else 0,
         "log_factor": round(learning.log_factor, 3) if learning else None,
         "weight": round(learning.weight, 3) if learning else None,
     }
@@ -121,6 +125,11 @@ def run_soak(*, requests: int, cache: str = "unified", workload: str = "chat",
         if c:
             trace = generate_workload(workload, num_requests=min(chunk, requests - served),
                                       seed=seed + c, block_size=block_size)
+            # Each chunk's conversations are new ones: session ids unique across chunks
+            # (a closed id used again would mark the new session's nodes closed).
+            trace = dataclasses.replace(trace, requests=tuple(
+                r if r.session_id is None else dataclasses.replace(r, session_id=f"{c}:{r.session_id}")
+                for r in trace.requests))
         replayer.trace = trace
         if mode == "sequential":
             # Request by request (to sample and stop between requests), on the replay's
@@ -156,15 +165,18 @@ def run_soak(*, requests: int, cache: str = "unified", workload: str = "chat",
 
 
 def check(samples: list[dict]) -> list[str]:
-    """Samples where the policy's state exceeds the tree's or its bounded table."""
+    """Samples where the policy's state exceeds the tree's or its bounded tables."""
     from sglang.srt.mem_cache.mla_aware_policy import GhostLearning
+    from sglang.srt.mem_cache.mla_sessions import SessionBook
 
     return [
         f"after {s['requests']} requests: {s['memo_nodes']} memos on {s['tree_nodes']} "
-        f"tree nodes, {s['stray_memos']} stray, {s['ghosts']} ghost records"
+        f"tree nodes, {s['stray_memos']} stray, {s['ghosts']} ghost records, "
+        f"{s.get('sessions', 0)} sessions"
         for s in samples
         if s["memo_nodes"] > s["tree_nodes"] or s["stray_memos"]
         or s["ghosts"] > GhostLearning.MAX_GHOSTS
+        or s.get("sessions", 0) > SessionBook.MAX_SESSIONS
     ]
 
 

@@ -350,6 +350,25 @@ class TestSessionCloses(CustomTestCase):
                 self.assertTrue(all(admitted >= 4 for _, admitted in closes))
                 self.assertEqual(set(inserts), {"a", "b", None})
 
+    def test_a_new_trace_on_the_same_replayer_closes_its_own_sessions(self):
+        """soak.py replays chunk after chunk on one cache, setting ``trace`` between runs:
+        each chunk's sessions close after their own last request."""
+        from sglang.srt.mem_cache.mla_eviction_plugin import register
+
+        register()
+        cost = KVCostModel.from_preset("deepseek-v3")
+        first = Trace("one", 512, (Request(0.0, 1024, 8, (1, 2), "a"),))
+        second = Trace("two", 512, (Request(0.0, 1024, 8, (3, 4), "1:a"),
+                                    Request(9.0, 1500, 8, (3, 4, 5), "1:a")))
+        r = Replayer(first, cost, ReplayConfig(policy="lru", capacity_tokens=64_000))
+        closes = []
+        release = r.cache.release_radix_session
+        r.cache.release_radix_session = lambda sid: (closes.append(sid), release(sid))[1]
+        r.run()
+        r.trace = second
+        r.run(first_index=1)
+        self.assertEqual(closes, ["a", "1:a"])
+
 
 class TestPool(CustomTestCase):
     def test_a_pool_after_replays_in_place_does_not_hang(self):
