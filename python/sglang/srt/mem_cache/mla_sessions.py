@@ -129,14 +129,15 @@ class SessionBook:
         """``upper`` was split off ``lower`` to evict ``lower`` alone: it keeps the tag
         and the hit count at the close."""
         session = lower.__dict__.get(SESSION)
+        if session is None:
+            return
+        setattr(upper, SESSION, session)
+        hits = lower.__dict__.get(CLOSED_HITS)
+        if hits is not None:
+            setattr(upper, CLOSED_HITS, hits)
         entry = self._sessions.get(session)
-        if entry is not None:
-            setattr(upper, SESSION, session)
-            hits = lower.__dict__.get(CLOSED_HITS)
-            if hits is not None:
-                setattr(upper, CLOSED_HITS, hits)
-            if not entry.closed:
-                entry.add(upper)
+        if entry is not None and not entry.closed:
+            entry.add(upper)
 
     def _entry(self, session: str) -> _Session:
         """``session``'s entry, now the most recent; the least recent is forgotten past
@@ -162,7 +163,7 @@ class SessionBook:
 
 
 def _mark_closed(nodes: list) -> list:
-    """Record the hit count of each node not yet closed; those nodes."""
+    """Mark each node not marked yet with its hit count; those nodes."""
     marked = []
     for node in nodes:
         if CLOSED_HITS not in node.__dict__:

@@ -177,6 +177,17 @@ class TestClosedGoFirst(CustomTestCase):
         self.assertEqual(cached(cache, A1), len(SYSTEM))
         self.assertEqual(cached(cache, B1), len(B1))
 
+    def test_a_trimmed_closed_leaf_leaves_a_closed_head(self):
+        cache = self._two_sessions("unified")
+        mla_sessions.close(cache, "A")
+        self.assertEqual(evict(cache, 2), 2)  # trimmed: A's tail loses its last 2 tokens
+        head = node_at(cache, A1[:-2])
+        self.assertEqual(head.__dict__.get(SESSION), "A")
+        self.assertTrue(mla_sessions.closed(head))
+        self.assertEqual(evict(cache, 6), 6)  # the head, before B's older tail
+        self.assertEqual(cached(cache, A1), len(SYSTEM))
+        self.assertEqual(cached(cache, B1), len(B1))
+
     def test_an_access_after_the_close_makes_it_live_again(self):
         cache = self._two_sessions("unified")
         mla_sessions.close(cache, "A")
