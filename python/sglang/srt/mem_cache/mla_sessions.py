@@ -60,16 +60,14 @@ class _Session:
         self.closed = False
 
     def nodes(self) -> list:
-        """The session's tagged nodes still alive (dead refs dropped)."""
-        nodes = [n for n in (ref() for ref in self.refs) if n is not None]
-        self.refs = [weakref.ref(n) for n in nodes]
-        self.prune_at = 2 * len(nodes) + 16
-        return nodes
+        """The session's tagged nodes still alive."""
+        return [n for n in (ref() for ref in self.refs) if n is not None]
 
     def add(self, node: Any) -> None:
         self.refs.append(weakref.ref(node))
         if len(self.refs) >= self.prune_at:
-            self.nodes()
+            self.refs = [ref for ref in self.refs if ref() is not None]
+            self.prune_at = 2 * len(self.refs) + 16
 
 
 def closed(node: Any) -> bool:
