@@ -22,7 +22,9 @@ an id no other request can have. ``timed`` mode uses the serving page size as th
 ``sequential`` mode one element per block (the block hit rate of the trace README).
 
 The optional host tier is modelled here (SGLang's HiCache controller needs CUDA
-streams): a write-through LRU of pages keyed by content. A node whose pages were
+streams): an LRU of pages keyed by content, written through at every insert (the
+prompt's at the prefill checkpoint, the output's at the finish), as HiCache's default
+``write_through`` policy backs up each node an insert adds. A node whose pages were
 written through is marked ``backuped`` (legacy ``RadixCache`` only, where that
 attribute is free), and pages found there after the device prefix are reloaded at the
 cost model's reload time instead of recomputed.
@@ -591,7 +593,9 @@ class Replayer:
         s["protected"] = len(tree_values)
         self._timed(self.cache.unlock, s["lock"])
         s["lock"] = self._timed(self.cache.lock, res.last_device_node)
-        if self.host is not None and finished:
+        if self.host is not None:
+            # HiCache's default write_through backs up every node an insert creates
+            # (write threshold 1), the prompt's at the prefill checkpoint included.
             self.host.write(s["pages"][:aligned].tolist())
             if self.cfg.cache == "radix":
                 self._mark_backed_up(res.last_device_node)

@@ -298,6 +298,27 @@ class TestTtftMakeUp(CustomTestCase):
                 self.assertTrue(ttft[n // 2 - n // 200] <= parts <= ttft[n // 2 + n // 200])
 
 
+class TestHostTier(CustomTestCase):
+    def test_a_prompt_is_backed_up_when_inserted_even_if_its_output_fills_no_page(self):
+        """HiCache's default write_through backs up what each insert adds, the prompt at
+        the prefill checkpoint included: a request whose output completes no page (no
+        insert at its finish) still leaves its prompt on host, marked backed up, and a
+        later request reloads all 1,024 tokens of it once the device has evicted it."""
+        cost = KVCostModel.from_preset("deepseek-v3")
+        trace = Trace("host", 512, (
+            Request(0.0, 1024, 8, (1, 2)),
+            Request(100.0, 1024, 8, (3, 4)),  # 17 + 17 pages do not fit in 32: evicts A
+            Request(200.0, 1500, 8, (1, 2, 5)),
+        ))
+        r = Replayer(trace, cost, ReplayConfig(
+            policy="lru", capacity_tokens=2048, cache="radix", host_tier_tokens=8192))
+        result = r.run()
+        self.assertEqual(result.hit_tokens, 1024)
+        self.assertEqual(result.host_hit_tokens, 1024)
+        cached = [n for n in r.cache.root_node.children.values()]
+        self.assertTrue(cached and all(getattr(n, "backuped", False) for n in cached))
+
+
 class TestKnownOutputs(CustomTestCase):
     def test_next_turn_reuses_the_previous_output_only_when_its_content_is_known(self):
         """Turn 2's prompt is turn 1's prompt + output + more: with the output's block ids
