@@ -70,6 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="when a client ends a session (requests with a session id: the "
                         "multi-turn workload, a trace with session ids): after its last "
                         "request, as /close_session does, or never")
+    p.add_argument("--session-radix-cache", action="store_true",
+                   help="SGLang's --enable-session-radix-cache (unified tree): each finished "
+                        "request's KV stays referenced by its session until the session "
+                        "closes, and referenced leaves are evicted last")
     p.add_argument("--host-tier", default=None,
                    help="host tier size: a multiple of device capacity (4x) or memory (320GB)")
     p.add_argument("--gpu-tflops", type=float, default=3200.0,
@@ -218,6 +222,8 @@ def plan(args, trace, cost):
     cache = args.cache
     if args.host_tier and cache != "radix":
         cache = "radix"  # the modelled host tier marks nodes backed up: legacy tree only
+    if args.session_radix_cache and cache != "unified":
+        raise UsageError("--session-radix-cache needs the unified tree (no --cache radix, no --host-tier)")
     if args.clock != "tick" and cache != "radix":
         raise UsageError("--clock per-read needs --cache radix (the unified tree counts its own ticks)")
     configs = []
@@ -239,6 +245,7 @@ def plan(args, trace, cost):
                 policy=name, capacity_tokens=tokens, mode=args.mode, cache=cache,
                 page_size=args.page_size, host_tier_tokens=host_tokens, clock=args.clock,
                 policy_config=cfg, trim=args.trim_victims, session_close=args.session_close,
+                session_radix=args.session_radix_cache,
                 decode_s_per_token=args.decode_ms_per_token / 1e3,
                 capacity_fraction=share, capacity_label=label,
             ))
@@ -344,7 +351,7 @@ def markdown_table(results: list[dict], header: str) -> str:
     for r in results:
         name = f"{r['policy']} (offline bound)" if r["is_bound"] else r["policy"]
         gap = "—" if r.get("gap_closed") is None else f"{100 * r['gap_closed']:.0f} %"
-        p50 = "—" if r["ttft_p50_s"] is None else f"{r['ttft_p50_s']:.2f}"
+        p50 = "—" if r["ttft_p50_s"] is None else f"{r['ttft_p50_s']:.3f}"
         p99 = "—" if r["ttft_p99_s"] is None else f"{r['ttft_p99_s']:.2f}"
         lines.append(
             f"| {name} | {r['capacity']} | {100 * r['token_hit_rate']:.2f} % | "
@@ -407,6 +414,7 @@ def main(argv=None) -> int:
         f"{trace.num_blocks()} blocks ({unique} unique), mode {args.mode}, "
         f"cache {configs[0].cache}, model {cost.name} ({cost.bytes_per_token:,.0f} B/token), "
         f"page {args.page_size}" + (f", host tier {args.host_tier} (modelled)" if args.host_tier else "")
+        + (", session radix cache" if args.session_radix_cache else "")
     )
     results = run_all(args, configs, trace, cost)
     table = markdown_table(results, header)
@@ -420,6 +428,8 @@ def main(argv=None) -> int:
         "unique_blocks": unique,
         "host_tier": args.host_tier,
         "host_tier_modelled": bool(args.host_tier),
+        "session_radix_cache": args.session_radix_cache,
+        "session_close": args.session_close,
         "results": results,
     }
     if args.json_path:

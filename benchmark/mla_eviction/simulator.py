@@ -41,6 +41,7 @@ import time
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -79,6 +80,9 @@ class ReplayConfig:
     # When a client ends a session (requests with a session_id): "last-turn", when its
     # last request in the trace finishes (as /close_session does), or "never".
     session_close: str = "last-turn"
+    # SGLang's --enable-session-radix-cache (unified tree): each finished request's KV is
+    # referenced by its session until the session closes, and referenced leaves go last.
+    session_radix: bool = False
     capacity_fraction: Optional[float] = None
     capacity_label: str = ""
 
@@ -321,6 +325,7 @@ class Replayer:
             eviction_policy=policy,
             eviction_policy_config=policy_config,
             tree_core_backend="python",
+            enable_session_radix_cache=self.cfg.session_radix,
         )
         if self.cfg.cache == "radix":
             cache = RadixCache(params)
@@ -559,6 +564,10 @@ class Replayer:
             "protected": prefix,  # tree-owned head of the request's row, in pages
             "inserted": 0,
             "lock": lock,
+            "last_node": match.last_device_node,  # where the request's cached path ends
+            # The session's incarnation, taken when the scheduler makes the request.
+            "generation": self.cache.ensure_session_generation(req.session_id)
+            if self.cfg.session_radix and req.session_id is not None else None,
             "values": torch.cat([prefix_values, new]),
         }
 
@@ -588,6 +597,7 @@ class Replayer:
                 inserted_len=prompt_len, priority=1, session_id=session,
             ))
         s["inserted"] = max(s["inserted"], aligned)
+        s["last_node"] = res.last_device_node
         tree_values = self.cache.path_device_indices(res.last_device_node)
         s["values"][protected : len(tree_values)] = tree_values[protected:]
         s["protected"] = len(tree_values)
@@ -602,10 +612,16 @@ class Replayer:
 
     def _finish(self, s: dict) -> None:
         """Publish the whole sequence, free the partial last page, drop the lock."""
-        self._checkpoint(s, s["req"].input_length + s["req"].output_length, finished=True)
+        req = s["req"]
+        self._checkpoint(s, req.input_length + req.output_length, finished=True)
+        if self.cfg.session_radix and req.session_id is not None:
+            # As cache_finished_req: the session references the leaf its insert ended on.
+            self._timed(self.cache.session_refs.register_session_ref, SimpleNamespace(
+                session_id=req.session_id, session=None, session_generation=s["generation"],
+            ), s["last_node"])
         self.allocator.free(s["values"][s["protected"] :])
         self._timed(self.cache.unlock, s["lock"])
-        self._close_if_last(s["req"])
+        self._close_if_last(req)
 
     def _close_if_last(self, req: Request) -> None:
         """After ``req`` finished: the client closes its session if it was the last

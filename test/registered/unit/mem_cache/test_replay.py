@@ -371,6 +371,24 @@ class TestSessionCloses(CustomTestCase):
                 self.assertTrue(all(admitted >= 4 for _, admitted in closes))
                 self.assertEqual(set(inserts), {"a", "b", None})
 
+    def test_session_radix_cache_evicts_an_open_sessions_kv_last(self):
+        """With SGLang's session radix cache the third request's eviction takes the
+        sessionless second request's KV, not the older KV of session ``a`` (still open:
+        its last turn is to come), so that turn hits its 1,024-token history; LRU alone
+        takes the oldest and the turn hits nothing."""
+        cost = KVCostModel.from_preset("deepseek-v3")
+        trace = Trace("open-session", 512, (
+            Request(0.0, 1024, 8, (1, 2), "a"),
+            Request(10.0, 1024, 8, (3, 4)),
+            Request(20.0, 1024, 8, (5, 6)),  # 48 pages hold two cached prompts and a third
+            Request(30.0, 1500, 8, (1, 2, 7), "a"),
+        ))
+        for session_radix, hit in ((True, 1024), (False, 0)):
+            with self.subTest(session_radix=session_radix):
+                r = Replayer(trace, cost, ReplayConfig(
+                    policy="lru", capacity_tokens=3072, session_radix=session_radix))
+                self.assertEqual(r.run().hit_tokens, hit)
+
     def test_a_new_trace_on_the_same_replayer_closes_its_own_sessions(self):
         """soak.py replays chunk after chunk on one cache, setting ``trace`` between runs:
         each chunk's sessions close after their own last request."""
