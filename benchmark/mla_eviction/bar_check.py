@@ -12,7 +12,10 @@ with the measured numbers and PASS or MISS:
 
 - ``gain``: at 1 % and 5 %, where the bound leaves LRU at least 10 points of FLOP hit
   rate, ``mla_aware`` at least 15 % above LRU (relative);
-- ``floor``: at every capacity, at most 0.5 points below the best built-in;
+- ``floor``: at every capacity, at most 0.5 points below the best built-in; on a source
+  whose requests carry session ids (multi-turn), ``floor-sr`` too: against the best
+  built-in run with SGLang's session radix cache (``--enable-session-radix-cache``, which
+  evicts open sessions' KV last), ``mla_aware`` with its defaults and without it;
 - ``ttft``: with the host tier, modelled TTFT p50 at least 30 % below LRU's;
 - ``cpu``: the cache CPU time ``mla_aware`` adds per request over LRU (same run, Python
   tree core; the least of ``--cpu-runs`` replays of each, all but the first one at a
@@ -110,21 +113,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def replay_source(name: str, args, host_tier: bool = False, policies: str = "") -> list[dict]:
+def source_arguments(name: str, args) -> list[str]:
+    """replay.py's arguments that pick source ``name`` (trace or workload, size, seed)."""
+    return [*args.source_args[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed)]
+
+
+def replay_source(name: str, args, host_tier: bool = False, policies: str = "",
+                  session_radix: bool = False) -> list[dict]:
     """Summaries of replay.py on one source (raises replay.UsageError on bad input): every
     built-in, ``mla_aware`` and the bound, or ``policies``; with ``host_tier``, LRU and
-    ``mla_aware`` on a 4x host tier."""
+    ``mla_aware`` on a 4x host tier; with ``session_radix``, on a tree with SGLang's
+    session radix cache."""
     if not policies:
         policies = f"lru,{CANDIDATE}" if host_tier else ",".join((*BUILTINS, CANDIDATE, "optimal"))
     rargs = replay.parse_args([
-        *args.source_args[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed),
+        *source_arguments(name, args),
         "--capacity", args.capacity, "--policies", policies, "--jobs", str(args.jobs),
         "--trim-victims", args.trim_victims,
         *(["--host-tier", "4x"] if host_tier else []),
+        *(["--session-radix-cache"] if session_radix else []),
         *(["--no-progress"] if args.no_progress else []),
     ])
     trace, cost, configs = replay.prepare(rargs)
     return replay.run_all(rargs, configs, trace, cost)
+
+
+def carries_sessions(name: str, args) -> bool:
+    """Whether any request of source ``name`` carries a session id."""
+    trace = replay.load_trace(replay.parse_args(source_arguments(name, args)))
+    return any(r.session_id is not None for r in trace.requests)
 
 
 def least_cpu(name: str, args, results: list[dict]) -> list[dict]:
@@ -186,6 +203,21 @@ def checks(source: str, results: list[dict], host_tier: bool = False) -> list[di
     return rows
 
 
+def session_radix_floor(source: str, results: list[dict], with_sessions: list[dict]) -> list[dict]:
+    """``floor-sr`` rows: the candidate of ``results`` against the best built-in of
+    ``with_sessions`` (the built-ins replayed with the session radix cache)."""
+    candidate = {r["capacity"]: 100 * r["flop_hit_rate"] for r in results if r["policy"] == CANDIDATE}
+    best: dict = {}
+    for r in with_sessions:
+        rate = 100 * r["flop_hit_rate"]
+        if r["policy"] in BUILTINS and rate > best.get(r["capacity"], ("", -1.0))[1]:
+            best[r["capacity"]] = (r["policy"], rate)
+    return [{"source": source, "capacity": cap, "policy": CANDIDATE, "check": "floor-sr",
+             "candidate": rate, "best_builtin": best[cap][0], "best": best[cap][1],
+             "pass": rate >= best[cap][1] - FLOOR_POINTS}
+            for cap, rate in candidate.items()]
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [f"| check | source | capacity | {CANDIDATE} | reference | measured | result |",
              "|---|---|---|---|---|---|---|"]
@@ -196,8 +228,9 @@ def markdown(rows: list[dict]) -> str:
             ref = f"LRU p50 {r['lru_ttft_p50_s']:.3f} s"
             got = (f"p50 {r['candidate_ttft_p50_s']:.3f} s ({100 * r['cut']:+.0f} % cut, "
                    f"need {100 * TTFT_CUT:.0f} %)")
-        elif kind == "floor":
-            ref = f"best built-in {r['best_builtin']} {r['best']:.2f} %"
+        elif kind in ("floor", "floor-sr"):
+            radix = " + session radix cache" if kind == "floor-sr" else ""
+            ref = f"best built-in{radix} {r['best_builtin']} {r['best']:.2f} %"
             got = f"{r['candidate'] - r['best']:+.2f} pts (floor -{FLOOR_POINTS})"
         elif kind == "gain":
             ref = f"LRU {r['lru']:.2f} %, bound {r['optimal']:.2f} %"
@@ -224,6 +257,10 @@ def main(argv=None) -> int:
         for name in args.sources:
             raw[name] = least_cpu(name, args, replay_source(name, args))
             rows += checks(name, raw[name])
+            if carries_sessions(name, args):
+                sr = f"{name}+session-radix"
+                raw[sr] = replay_source(name, args, policies=",".join(BUILTINS), session_radix=True)
+                rows += session_radix_floor(name, raw[name], raw[sr])
         for name in [] if args.no_host_tier else args.traces:
             if name in args.sources:
                 raw[f"{name}+host4x"] = replay_source(name, args, host_tier=True)

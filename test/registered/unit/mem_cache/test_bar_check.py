@@ -56,6 +56,23 @@ class TestChecks(CustomTestCase):
         rows = self.by_check(bar_check.checks("t", group("25%", 29.49, best=("slru", 30.0))))
         self.assertFalse(rows["floor"]["pass"])
 
+    def test_session_radix_floor_takes_the_best_builtin_with_the_session_radix_cache(self):
+        plain = group("5%", 46.5)
+        with_sessions = [summary(p, "5%", 46.0) for p in bar_check.BUILTINS]
+        with_sessions[bar_check.BUILTINS.index("priority")] = summary("priority", "5%", 47.01)
+        (row,) = bar_check.session_radix_floor("t", plain, with_sessions)
+        self.assertEqual((row["check"], row["best_builtin"], row["best"]), ("floor-sr", "priority", 47.01))
+        self.assertFalse(row["pass"])  # 46.5 is 0.51 below
+        with_sessions[bar_check.BUILTINS.index("priority")] = summary("priority", "5%", 47.0)
+        self.assertTrue(bar_check.session_radix_floor("t", plain, with_sessions)[0]["pass"])
+        self.assertIn("best built-in + session radix cache priority 47.00 %",
+                      bar_check.markdown(bar_check.session_radix_floor("t", plain, with_sessions)))
+
+    def test_only_sources_with_session_ids_carry_sessions(self):
+        args = bar_check.parse_args(["--num-requests", "40"])
+        self.assertTrue(bar_check.carries_sessions("multi-turn", args))
+        self.assertFalse(bar_check.carries_sessions("chat", args))
+
     def test_cpu_share_of_modelled_prefill(self):
         # LRU spends 100 µs; 1 % of 50 ms is 500 µs.
         self.assertTrue(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=599.0)))["cpu"]["pass"])
