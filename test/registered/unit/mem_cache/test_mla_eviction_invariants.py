@@ -17,7 +17,9 @@ its own model of which slots each request holds and, after EVERY operation, chec
 * every ``_mla_prefix_end`` memo equals the node's real depth, and no node marked closed
   (``mla_sessions``) belongs to a session the policy's book holds open.
 
-Requests carry one of a few session ids (or none) and sessions close at random.
+Requests carry one of a few session ids (or none) and sessions close at random; two
+configurations run SGLang's session radix cache, each insert with a session registering
+its leaf with the session as ``cache_finished_req`` does.
 
 The seeded loop runs ``MLA_INVARIANT_OPS`` operations in total (default 100,000) over
 the configurations below; a Hypothesis test replays short generated operation lists on
@@ -33,6 +35,7 @@ import tempfile
 import time
 import unittest
 from array import array
+from types import SimpleNamespace
 from unittest import mock
 from pathlib import Path
 
@@ -68,15 +71,15 @@ TOTAL_OPS = int(os.environ.get("MLA_INVARIANT_OPS", 100_000))
 POOL_TOKENS = 256
 POLICY_CONFIG = {"model": "deepseek-v3"}
 
-# (cache kind, page size, policy, host tier, victims trimmed)
+# (cache kind, page size, policy, host tier, victims trimmed, session radix cache)
 CONFIGS = [
-    (kind, page, policy, False, False)
+    (kind, page, policy, False, False, False)
     for kind in ("unified", "radix")
     for page in (1, 4)
     for policy in ("mla_aware", "lru")
-] + [("radix", 1, "mla_aware", True, False), ("radix", 4, "mla_aware", True, False)] + [
-    ("unified", page, policy, False, True) for page in (1, 4) for policy in ("mla_aware", "lru")
-]
+] + [("radix", 1, "mla_aware", True, False, False), ("radix", 4, "mla_aware", True, False, False)] + [
+    ("unified", page, policy, False, True, False) for page in (1, 4) for policy in ("mla_aware", "lru")
+] + [("unified", page, "mla_aware", False, False, True) for page in (1, 4)]
 
 print(f"[mla invariants] MLA_INVARIANT_SEED={SEED} MLA_INVARIANT_OPS={TOTAL_OPS}", file=sys.stderr)
 
@@ -94,10 +97,10 @@ class CacheDriver:
     locks on cached prefixes.
     """
 
-    def __init__(self, kind, page_size, policy, host_tier=False, trim=False, pool_tokens=POOL_TOKENS,
-                 seed=0):
+    def __init__(self, kind, page_size, policy, host_tier=False, trim=False, session_radix=False,
+                 pool_tokens=POOL_TOKENS, seed=0):
         self.kind, self.page, self.policy, self.host_tier = kind, page_size, policy, host_tier
-        self.trim = trim
+        self.trim, self.session_radix = trim, session_radix
         self.size = pool_tokens
         self.rng = random.Random(seed)
         if page_size == 1:
@@ -119,6 +122,7 @@ class CacheDriver:
             eviction_policy=policy,
             eviction_policy_config=POLICY_CONFIG if policy == "mla_aware" else None,
             tree_core_backend="python",
+            enable_session_radix_cache=session_radix,
         )
         if kind == "radix":
             self.cache = RadixCache(params)
@@ -219,9 +223,12 @@ class CacheDriver:
         rid = self.next_rid
         self.next_rid += 1
         session = self.rng.choice(self.SESSIONS)
+        generation = None
+        if self.session_radix and session is not None:  # as the scheduler makes a request
+            generation = self.cache.ensure_session_generation(session)
         self.requests[rid] = dict(
             tokens=tokens, prefix=m.device_prefix_len, lock=lock, node=m.last_device_node,
-            path=path, new=None, session=session,
+            path=path, new=None, session=session, generation=generation,
         )
 
     def op_alloc(self):
@@ -255,6 +262,10 @@ class CacheDriver:
         ))
         if self.kind == "radix":  # the unified tree frees its duplicates itself
             self.allocator.free(values[prefix : res.prefix_len])
+        if s["generation"] is not None:  # as cache_finished_req: the session keeps the leaf
+            self.cache.session_refs.register_session_ref(SimpleNamespace(
+                session_id=s["session"], session=None, session_generation=s["generation"],
+            ), res.last_device_node)
         self.cache.unlock(s["lock"])
         if self.host_tier:
             self._mark_backed_up()
@@ -403,8 +414,9 @@ def _depth(node):
 
 
 def _name(cfg):
-    kind, page, policy, host, trim = cfg
-    return f"{kind}/page{page}/{policy}{'/host-tier' if host else ''}{'/trimmed' if trim else ''}"
+    kind, page, policy, host, trim, session_radix = cfg
+    return (f"{kind}/page{page}/{policy}{'/host-tier' if host else ''}{'/trimmed' if trim else ''}"
+            f"{'/session-radix' if session_radix else ''}")
 
 
 class TestRandomInterleavings(CustomTestCase):
