@@ -15,8 +15,9 @@ the two FLOP hit rates and their difference, with a sum at the end.
 
 With ``--reference``, a bar_check.py JSON of the same sources, seed and request count
 (``docs/results/bar_check.json`` is the one for the defaults), it also counts the bar's
-gain and floor checks each side misses against that file's built-ins and bound, and names
-the checks the variant turns. Replays are deterministic but for their CPU time, so a
+gain and floor checks each side misses against that file's built-ins and bound (and the
+``floor-sr`` checks where the file replayed a source with the session radix cache), and
+names the checks the variant turns. Replays are deterministic but for their CPU time, so a
 defaults column that differs from the file's ``mla_aware`` means the file is stale: that
 is reported. Exit status 0 (a report); 2 on bad arguments.
 """
@@ -215,7 +216,8 @@ def compare(results: list[dict], reference: dict | None = None) -> dict:
 
 
 def bar_against(by_key: dict, reference: dict) -> dict:
-    """The gain and floor checks of each side, with ``reference``'s other policies."""
+    """The gain and floor checks of each side, with ``reference``'s other policies, and
+    ``floor-sr`` where the reference replayed the source with the session radix cache."""
     checks: dict = {side: [] for side in SIDES}
     stale, missing = [], []
     for (source, cap), sides in by_key.items():
@@ -231,6 +233,10 @@ def bar_against(by_key: dict, reference: dict) -> dict:
             mine = {**sides[side], "policy": bar_check.CANDIDATE}
             checks[side] += [c for c in bar_check.checks(source, [*others, mine])
                              if c["check"] in ("gain", "floor")]
+            with_sessions = [r for r in reference.get(f"{source}+session-radix", ())
+                             if r["capacity"] == cap]
+            if with_sessions:
+                checks[side] += bar_check.session_radix_floor(source, [mine], with_sessions)
     misses = {side: sum(c["pass"] is False for c in checks[side]) for side in SIDES}
     turned = [
         f"{v['check']} {v['source']} {v['capacity']}: {'PASS' if v['pass'] else 'MISS'}"
@@ -256,7 +262,7 @@ def markdown(comparison: dict, constants: dict, config: dict) -> str:
     bar = comparison.get("bar")
     if bar:
         m = bar["misses"]
-        lines.append(f"Gain and floor checks missed (of {bar['checks']}): defaults "
+        lines.append(f"Gain and floor checks (floor-sr too) missed (of {bar['checks']}): defaults "
                      f"{m['defaults']}, variant {m['variant']}"
                      + (f"; turned: {'; '.join(bar['turned'])}." if bar["turned"] else "."))
         if bar["stale"]:

@@ -113,6 +113,18 @@ class TestCompare(CustomTestCase):
         self.assertEqual(bar["stale"], ["t 10%"])
         self.assertEqual(bar["not_in_reference"], ["u 5%"])
 
+    def test_floor_sr_where_the_reference_has_the_session_radix_cache(self):
+        """A reference that replayed source t with the session radix cache adds its
+        floor-sr check: 21.0 % is 0.6 below `priority`'s 21.6 % there, 21.2 % is not."""
+        results = [result("t", "5%", "defaults", 21.0), result("t", "5%", "variant", 21.2)]
+        with_sessions = [{**result("t", "5%", "", 21.6), "policy": "priority"},
+                         {**result("t", "5%", "", 20.0), "policy": "lru"}]
+        reference = {"t": reference_group("5%", 21.0, bound=25.0), "t+session-radix": with_sessions}
+        bar = variants.compare(results, reference)["bar"]
+        self.assertEqual(bar["checks"], 2)  # floor and floor-sr (the gain lacks headroom)
+        self.assertEqual(bar["misses"], {"defaults": 1, "variant": 0})
+        self.assertEqual(bar["turned"], ["floor-sr t 5%: PASS"])
+
 
 class TestRun(CustomTestCase):
     def run_main(self, *argv):
