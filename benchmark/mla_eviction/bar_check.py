@@ -52,6 +52,7 @@ SOURCES = {
     "gsp-uniform": ["--workload", "gsp"],
 }
 GAIN_CAPACITIES = ("1%", "5%")
+SESSION_RADIX = "+session-radix"  # a source's key in the JSON's replays: built-ins with it
 MIN_HEADROOM, MIN_GAIN, FLOOR_POINTS, TTFT_CUT, CPU_SHARE = 10.0, 0.15, 0.5, 0.30, 0.01
 
 
@@ -185,8 +186,7 @@ def checks(source: str, results: list[dict], host_tier: bool = False) -> list[di
                          "pass": base > 0 and p50 <= (1 - TTFT_CUT) * base})
             continue
         bound = 100 * group["optimal"]["flop_hit_rate"]
-        best = max(BUILTINS, key=lambda p: group[p]["flop_hit_rate"])
-        best_rate = 100 * group[best]["flop_hit_rate"]
+        best, best_rate = best_builtin(group)
         row.update(optimal=bound, gap_closed=mla.get("gap_closed"))
         rows.append({**row, "check": "floor", "best_builtin": best, "best": best_rate,
                      "pass": row["candidate"] >= best_rate - FLOOR_POINTS})
@@ -203,19 +203,28 @@ def checks(source: str, results: list[dict], host_tier: bool = False) -> list[di
     return rows
 
 
+def best_builtin(group: dict) -> tuple[str, float]:
+    """The built-in of ``group`` (policy -> summary, one capacity) with the highest FLOP hit
+    rate, and that rate in %."""
+    best = max((p for p in BUILTINS if p in group), key=lambda p: group[p]["flop_hit_rate"])
+    return best, 100 * group[best]["flop_hit_rate"]
+
+
 def session_radix_floor(source: str, results: list[dict], with_sessions: list[dict]) -> list[dict]:
     """``floor-sr`` rows: the candidate of ``results`` against the best built-in of
     ``with_sessions`` (the built-ins replayed with the session radix cache)."""
-    candidate = {r["capacity"]: 100 * r["flop_hit_rate"] for r in results if r["policy"] == CANDIDATE}
-    best: dict = {}
+    by_cap: dict = {}
     for r in with_sessions:
-        rate = 100 * r["flop_hit_rate"]
-        if r["policy"] in BUILTINS and rate > best.get(r["capacity"], ("", -1.0))[1]:
-            best[r["capacity"]] = (r["policy"], rate)
-    return [{"source": source, "capacity": cap, "policy": CANDIDATE, "check": "floor-sr",
-             "candidate": rate, "best_builtin": best[cap][0], "best": best[cap][1],
-             "pass": rate >= best[cap][1] - FLOOR_POINTS}
-            for cap, rate in candidate.items()]
+        by_cap.setdefault(r["capacity"], {})[r["policy"]] = r
+    rows = []
+    for r in results:
+        if r["policy"] == CANDIDATE:
+            best, best_rate = best_builtin(by_cap[r["capacity"]])
+            rate = 100 * r["flop_hit_rate"]
+            rows.append({"source": source, "capacity": r["capacity"], "policy": CANDIDATE,
+                         "check": "floor-sr", "candidate": rate, "best_builtin": best,
+                         "best": best_rate, "pass": rate >= best_rate - FLOOR_POINTS})
+    return rows
 
 
 def markdown(rows: list[dict]) -> str:
@@ -258,7 +267,7 @@ def main(argv=None) -> int:
             raw[name] = least_cpu(name, args, replay_source(name, args))
             rows += checks(name, raw[name])
             if carries_sessions(name, args):
-                sr = f"{name}+session-radix"
+                sr = f"{name}{SESSION_RADIX}"
                 raw[sr] = replay_source(name, args, policies=",".join(BUILTINS), session_radix=True)
                 rows += session_radix_floor(name, raw[name], raw[sr])
         for name in [] if args.no_host_tier else args.traces:

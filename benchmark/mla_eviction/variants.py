@@ -233,7 +233,7 @@ def bar_against(by_key: dict, reference: dict) -> dict:
             mine = {**sides[side], "policy": bar_check.CANDIDATE}
             checks[side] += [c for c in bar_check.checks(source, [*others, mine])
                              if c["check"] in ("gain", "floor")]
-            with_sessions = [r for r in reference.get(f"{source}+session-radix", ())
+            with_sessions = [r for r in reference.get(f"{source}{bar_check.SESSION_RADIX}", ())
                              if r["capacity"] == cap]
             if with_sessions:
                 checks[side] += bar_check.session_radix_floor(source, [mine], with_sessions)
