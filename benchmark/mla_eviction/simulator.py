@@ -457,8 +457,13 @@ class Replayer:
         self.clock.advance()
         t0 = time.perf_counter()
         out = fn(*args)
-        self.result.cache_cpu_s += time.perf_counter() - t0
+        self._spent(fn, time.perf_counter() - t0)
         return out
+
+    def _spent(self, fn, seconds: float) -> None:
+        """The cache operation ``fn`` took ``seconds``: counted as cache CPU (a subclass may
+        break it down by operation, as cpu_breakdown.py does)."""
+        self.result.cache_cpu_s += seconds
 
     def _alloc(self, need: int):
         """Allocate ``need`` slots, evicting the shortfall first as SGLang does."""
