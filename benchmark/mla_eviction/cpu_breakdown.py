@@ -10,8 +10,8 @@ turn (each run starts with the next policy, so none is always timed after anothe
 times every cache operation the replay's scheduler makes (``match_prefix``, ``lock``,
 ``unlock``, ``insert``, ``evict``) and, inside an eviction, the leaf index's walk
 (``mla_leaf_index.LeafIndex``: ``start``, ``pop``, ``push``, scores included), and counts
-the victims trimming split (``MLAAwareStrategy.on_split``). It prints the least µs per request of each over the runs and, for the two ``mla_aware`` rows, what
-they add over LRU, beside the bar check's allowance (1 % of ``mla_aware``'s modelled
+the victims trimming split (``MLAAwareStrategy.on_split``). It prints the least µs per
+request of each over the runs and, for the two ``mla_aware`` rows, what they add over LRU, beside the bar check's allowance (1 % of ``mla_aware``'s modelled
 prefill per request). The least of each column is taken on its own, so the columns of a
 row need not add up to its total. Everything but the times is deterministic.
 Exit status 2 on bad arguments.
@@ -99,8 +99,8 @@ def policies(config) -> dict:
 
 def measure(trace, cost, config, runs: int) -> list[dict]:
     """One row per policy of :func:`policies`: its evictions, victims split, modelled prefill
-    per request, and the least µs per request over ``runs`` of its cache CPU (``total``) and of each
-    operation and the walk."""
+    per request, and the least µs per request over ``runs`` of its cache CPU (``total``),
+    of each operation and of the walk."""
     configs = policies(config)
     labels = list(configs)
     least: dict = {label: collections.defaultdict(lambda: float("inf")) for label in labels}
@@ -111,7 +111,7 @@ def measure(trace, cost, config, runs: int) -> list[dict]:
             with timed_walk(replayer.tally):
                 result = replayer.run().summary()
             served = max(result["requests"] - result["rejected"], 1)
-            times = {**replayer.tally, "total": result["cpu_us_per_request"] * served / 1e6}
+            times = {**replayer.tally, "total": replayer.result.cache_cpu_s}
             for key in ("total", *OPERATIONS, WALK):
                 least[label][key] = min(least[label][key], 1e6 * times.get(key, 0.0) / served)
             facts[label] = {"evictions": result["evictions"], "splits": replayer.tally[SPLITS],
@@ -136,7 +136,8 @@ def markdown(rows: list[dict]) -> str:
             cells = [f"{us[c]:.0f} ({us[c] - lru[c]:+.0f})" for c in columns]
             allowance = f"{1e3 * CPU_SHARE * r['prefill_ms']:.0f}"
         lines.append(f"| {r['capacity']} | {r['policy']} | {100 * r['flop_hit_rate']:.2f} % | "
-                     f"{r['evictions']} | {r['splits']} | " + " | ".join(cells) + f" | {allowance} |")
+                     f"{r['evictions']} | {r['splits']} | " + " | ".join(cells)
+                     + f" | {allowance} |")
     lines += ["", "µs of cache CPU per request, the least of each column over the runs; "
               "in brackets, over LRU. Allowance: 1 % of the modelled prefill per request."]
     return "\n".join(lines)
