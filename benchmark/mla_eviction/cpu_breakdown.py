@@ -11,9 +11,10 @@ times every cache operation the replay's scheduler makes (``match_prefix``, ``lo
 ``unlock``, ``insert``, ``evict``) and, inside an eviction, the leaf index's walk
 (``mla_leaf_index.LeafIndex``: ``start``, ``pop``, ``push``, scores included), and counts
 the victims trimming split (``MLAAwareStrategy.on_split``). It prints the least µs per
-request of each over the runs and, for the two ``mla_aware`` rows, what they add over LRU, beside the bar check's allowance (1 % of ``mla_aware``'s modelled
-prefill per request). The least of each column is taken on its own, so the columns of a
-row need not add up to its total. Everything but the times is deterministic.
+request of each over the runs and, for the two ``mla_aware`` rows, what they add over LRU,
+beside the bar check's allowance (1 % of ``mla_aware``'s modelled prefill per request).
+The least of each column is taken on its own, so the columns of a row need not add up to
+its total. Everything but the times is deterministic.
 Exit status 2 on bad arguments.
 """
 
