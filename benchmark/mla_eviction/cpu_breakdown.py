@@ -144,21 +144,19 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _check(own: argparse.Namespace) -> None:
+    if own.runs < 1:
+        raise replay.UsageError(f"--runs must be >= 1, got {own.runs}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     p.add_argument("--runs", type=int, default=3, help="replays of each policy")
-    own, rest = p.parse_known_args(argv)
-    if "-h" in rest or "--help" in rest:
-        print(__doc__)
-        return 0
-    try:
-        if own.runs < 1:
-            raise replay.UsageError(f"--runs must be >= 1, got {own.runs}")
-        trace, cost, configs = replay.prepare_unified_mla_aware(
-            rest, policy="LRU and mla_aware")
-    except replay.UsageError as e:
-        print(f"cpu_breakdown.py: error: {e}", file=sys.stderr)
-        return 2
+    inputs = replay.tool_inputs("cpu_breakdown.py", __doc__, p, argv,
+                                policy="LRU and mla_aware", check=_check)
+    if isinstance(inputs, int):
+        return inputs
+    own, trace, cost, configs = inputs
     replay.init_process()
     rows = [row for config in configs for row in measure(trace, cost, config, own.runs)]
     print(markdown(rows))

@@ -275,6 +275,32 @@ def prepare_unified_mla_aware(argv: list[str], *, policy: str, policy_config=Non
     return prepare(args)
 
 
+def tool_inputs(tool: str, doc: str, own: argparse.ArgumentParser, argv, *, policy: str,
+                policy_config=None, check=None):
+    """What a tool that replays ``policy`` alone as :func:`prepare_unified_mla_aware` does
+    needs: its own options (``own``, a parser made with ``add_help=False``), the trace, the
+    cost model and the configs, from its options and replay.py's source and capacity
+    arguments in ``argv``. Or the tool's exit status, where it is to stop there: 0 once
+    ``doc`` is printed for ``-h``/``--help``; 2 once a bad argument is named on stderr as
+    ``tool: error: ...`` (argparse's own messages for ``own``'s options; ``check(options)``
+    may raise UsageError for their values)."""
+    try:
+        options, rest = own.parse_known_args(argv)
+    except SystemExit:
+        return 2
+    if "-h" in rest or "--help" in rest:
+        print(doc)
+        return 0
+    try:
+        if check is not None:
+            check(options)
+        return (options, *prepare_unified_mla_aware(rest, policy=policy,
+                                                     policy_config=policy_config))
+    except UsageError as e:
+        print(f"{tool}: error: {e}", file=sys.stderr)
+        return 2
+
+
 _WORKER = {}
 
 

@@ -210,19 +210,11 @@ def markdown_by(rows: list[dict], view: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     p.add_argument("--by", choices=("branching", "depth", "kind"), default="branching")
-    try:
-        args, rest = p.parse_known_args(argv)
-    except SystemExit:
-        return 2
-    if "-h" in rest or "--help" in rest:
-        print(__doc__)
-        return 0
-    try:
-        trace, cost, configs = replay.prepare_unified_mla_aware(
-            rest, policy="cost-weighted LRU", policy_config=NEUTRAL)
-    except replay.UsageError as e:
-        print(f"reuse_by_branching.py: error: {e}", file=sys.stderr)
-        return 2
+    inputs = replay.tool_inputs("reuse_by_branching.py", __doc__, p, argv,
+                                policy="cost-weighted LRU", policy_config=NEUTRAL)
+    if isinstance(inputs, int):
+        return inputs
+    args, trace, cost, configs = inputs
     from sglang.srt.mem_cache.mla_eviction_plugin import register
     from tqdm import tqdm
 

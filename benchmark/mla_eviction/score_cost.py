@@ -94,21 +94,19 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _check(own: argparse.Namespace) -> None:
+    if own.rounds < 1:
+        raise replay.UsageError(f"--rounds must be >= 1, got {own.rounds}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     p.add_argument("--rounds", type=int, default=5, help="turns of timing each policy")
-    own, rest = p.parse_known_args(argv)
-    if "-h" in rest or "--help" in rest:
-        print(__doc__)
-        return 0
-    try:
-        if own.rounds < 1:
-            raise replay.UsageError(f"--rounds must be >= 1, got {own.rounds}")
-        trace, cost, configs = replay.prepare_unified_mla_aware(
-            rest, policy="mla_aware's defaults")
-    except replay.UsageError as e:
-        print(f"score_cost.py: error: {e}", file=sys.stderr)
-        return 2
+    inputs = replay.tool_inputs("score_cost.py", __doc__, p, argv,
+                                policy="mla_aware's defaults", check=_check)
+    if isinstance(inputs, int):
+        return inputs
+    own, trace, cost, configs = inputs
     from sglang.srt.mem_cache.mla_eviction_plugin import register
 
     register()

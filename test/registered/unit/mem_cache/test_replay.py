@@ -1,5 +1,6 @@
 """Tests for benchmark/mla_eviction/replay.py and simulator.py on SGLang's real caches."""
 
+import argparse
 import contextlib
 import io
 import json
@@ -211,6 +212,47 @@ class TestReplayCli(CustomTestCase):
         [(label, share, tokens)] = replay.parse_capacities("80GB", args, trace, cost)
         self.assertEqual((label, share), ("80GB", None))
         self.assertEqual(tokens, 40_000_000_000 // (64 * 70272) * 64)
+
+
+class TestToolInputs(CustomTestCase):
+    """replay.tool_inputs: the set-up the single-policy tools share."""
+
+    SOURCE = ["--workload", "chat", "--num-requests", "20", "--capacity", "5%"]
+
+    def inputs(self, *argv, check=None):
+        own = argparse.ArgumentParser(add_help=False)
+        own.add_argument("--runs", type=int, default=1)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            got = replay.tool_inputs("tool.py", "the tool's doc", own, list(argv),
+                                     policy="the tool's policy", check=check)
+        return got, out.getvalue(), err.getvalue()
+
+    def test_options_trace_cost_and_configs(self):
+        (own, trace, cost, configs), _, _ = self.inputs(*self.SOURCE, "--runs", "3")
+        self.assertEqual(own.runs, 3)
+        self.assertEqual(len(trace.requests), 20)
+        self.assertIsInstance(cost, KVCostModel)
+        self.assertEqual([(c.policy, c.capacity_label) for c in configs], [("mla_aware", "5%")])
+
+    def test_help_prints_the_doc(self):
+        for flag in ("-h", "--help"):
+            with self.subTest(flag=flag):
+                self.assertEqual(self.inputs(flag)[:2], (0, "the tool's doc\n"))
+
+    def test_bad_arguments_exit_2_naming_the_tool(self):
+        def check(own):
+            if own.runs < 1:
+                raise replay.UsageError("--runs must be >= 1")
+
+        for argv, message in ((["--runs", "x"], "argument --runs: invalid int value"),
+                              (["--runs", "0"], "tool.py: error: --runs must be >= 1"),
+                              (["--policies", "lru"], "tool.py: error: --policies/--policy-config:"
+                                                     " this tool replays the tool's policy")):
+            with self.subTest(argv=argv):
+                status, _, err = self.inputs(*self.SOURCE, *argv, check=check)
+                self.assertEqual(status, 2)
+                self.assertIn(message, err)
 
 
 class TestSimulatorInvariants(CustomTestCase):
