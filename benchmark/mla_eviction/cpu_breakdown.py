@@ -55,7 +55,7 @@ class _ByOperation(Replayer):
 
 
 @contextlib.contextmanager
-def timed_walk(tally: collections.Counter) -> Iterator[None]:
+def instrumented(tally: collections.Counter) -> Iterator[None]:
     """While open, the leaf index's walk methods add their time to ``tally[WALK]``, and
     each victim trimming splits adds 1 to ``tally[SPLITS]``."""
     from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
@@ -109,7 +109,7 @@ def measure(trace, cost, config, runs: int) -> list[dict]:
     for run in range(runs):
         for label in labels[run % len(labels):] + labels[:run % len(labels)]:
             replayer = _ByOperation(trace, cost, configs[label])
-            with timed_walk(replayer.tally):
+            with instrumented(replayer.tally):
                 result = replayer.run().summary()
             served = max(result["requests"] - result["rejected"], 1)
             times = {**replayer.tally, "total": replayer.result.cache_cpu_s}

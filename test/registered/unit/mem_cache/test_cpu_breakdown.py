@@ -32,7 +32,7 @@ class TestMeasure(CustomTestCase):
 
     def test_operations_add_up_to_the_cache_cpu(self):
         replayer = cpu_breakdown._ByOperation(self.trace, self.cost, self.config)
-        with cpu_breakdown.timed_walk(replayer.tally):
+        with cpu_breakdown.instrumented(replayer.tally):
             result = replayer.run()
         walk = replayer.tally.pop(cpu_breakdown.WALK)
         self.assertGreater(replayer.tally.pop(cpu_breakdown.SPLITS), 0)  # trimming acted
@@ -66,7 +66,7 @@ class TestMeasure(CustomTestCase):
         self.assertFalse(Replayer(self.trace, self.cost, cpu_breakdown.policies(
             self.config)[cpu_breakdown.UNTRIMMED]).result.trimmed)
 
-    def test_walk_methods_restored(self):
+    def test_patched_methods_restored(self):
         from sglang.srt.mem_cache.mla_leaf_index import LeafIndex
 
         from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
@@ -74,7 +74,7 @@ class TestMeasure(CustomTestCase):
         before = {name: getattr(LeafIndex, name) for name in cpu_breakdown.WALK_METHODS}
         on_split = MLAAwareStrategy.on_split
         with contextlib.suppress(RuntimeError):
-            with cpu_breakdown.timed_walk(cpu_breakdown.collections.Counter()):
+            with cpu_breakdown.instrumented(cpu_breakdown.collections.Counter()):
                 self.assertIsNot(LeafIndex.start, before["start"])
                 raise RuntimeError
         self.assertEqual({n: getattr(LeafIndex, n) for n in before}, before)
