@@ -1,6 +1,7 @@
-"""KVCostModel against hand-computed figures and against SGLang's own pools on CPU."""
+"""KVCostModel against figures worked out by hand, and against SGLang's pools on CPU."""
 
 import json
+import math
 import os
 import tempfile
 import unittest
@@ -26,9 +27,9 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
-# Tiny configs whose FLOPs are worked out by hand below.
+# Tiny configs whose sizes and FLOPs are worked out by hand in the tests below.
 TINY_LLAMA = dict(
     architectures=["LlamaForCausalLM"],
     hidden_size=8,
@@ -59,6 +60,16 @@ TINY_DSA = dict(
     index_n_heads=2,
     index_topk=2,
 )
+# Two layers, the first dense, then MoE with a low-rank query.
+TINY_MOE = dict(
+    TINY_MLA,
+    q_lora_rank=4,
+    moe_intermediate_size=8,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+)
 MQA = dict(
     architectures=["FalconForCausalLM"],
     hidden_size=1024,
@@ -71,160 +82,183 @@ MQA = dict(
 )
 
 
-class TestBytesPerToken(CustomTestCase):
-    def test_deepseek_v3_latent(self):
-        # (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 B x 61 layers
-        bf16 = KVCostModel.from_preset("deepseek-v3")
-        self.assertEqual(bf16.attention, AttentionKind.MLA)
-        self.assertEqual(bf16.bytes_per_token, 70_272)
-        # fp8: x 1 B
-        fp8 = KVCostModel.from_preset("deepseek-v3", kv_cache_dtype="fp8_e4m3")
-        self.assertEqual(fp8.bytes_per_token, 35_136)
-        self.assertEqual(KVCostModel.from_preset("deepseek-r1").bytes_per_token, 70_272)
+class RelativeCase(CustomTestCase):
+    def assertRel(self, actual, expected, rel=1e-9):
+        """Equal within ``rel`` of ``expected`` (no absolute slack)."""
+        self.assertTrue(
+            math.isclose(actual, expected, rel_tol=rel, abs_tol=0.0),
+            f"{actual!r} != {expected!r} within rel {rel}",
+        )
 
-    def test_latent_is_replicated_across_tp(self):
+
+class TestBytesPerToken(RelativeCase):
+    def test_deepseek_v3_latent_is_replicated(self):
+        # (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 B x 61 layers, on every rank
         for tp in (1, 2, 8, 16):
             cm = KVCostModel.from_preset("deepseek-v3", tp_size=tp)
+            self.assertEqual(cm.attention, AttentionKind.MLA)
             self.assertEqual(cm.bytes_per_token, 70_272, tp)
+        self.assertEqual(KVCostModel.from_preset("deepseek-r1").bytes_per_token, 70_272)
+        # fp8: (512 + 64) x 1 B x 61
+        fp8 = KVCostModel.from_preset("deepseek-v3", kv_cache_dtype="fp8_e4m3")
+        self.assertEqual(fp8.bytes_per_token, 35_136)
 
     def test_mha_equivalent_is_sharded_by_heads(self):
-        # 128 heads x (K 192 + V 128) x 2 B x 61 layers, split over the ranks' heads.
+        # 128 heads x (K 128 + 64 + V 128) x 2 B x 61 layers; TP 8: 16 heads a rank
         self.assertEqual(
             KVCostModel.from_preset("deepseek-v3").mha_equivalent_bytes_per_token,
             4_997_120,
         )
         tp8 = KVCostModel.from_preset("deepseek-v3", tp_size=8)
-        self.assertEqual(tp8.mha_equivalent_bytes_per_token, 624_640)  # 16 heads
-        self.assertAlmostEqual(tp8.compression_vs_mha, 624_640 / 70_272)
-        # Same dtype on both sides: fp8 does not change the ratio.
-        fp8 = KVCostModel.from_preset("deepseek-v3", kv_cache_dtype="fp8_e4m3")
+        self.assertEqual(tp8.mha_equivalent_bytes_per_token, 624_640)
+        self.assertRel(tp8.compression_vs_mha, 624_640 / 70_272)
+        fp8 = KVCostModel.from_preset("deepseek-v3", kv_cache_dtype="fp8")
         self.assertEqual(fp8.mha_equivalent_bytes_per_token, 2_498_560)
-        self.assertAlmostEqual(fp8.compression_vs_mha, 4_997_120 / 70_272)
+        self.assertRel(fp8.compression_vs_mha, 2_498_560 / 35_136)
 
-    def test_deepseek_v32_dsa_fp8(self):
-        # fp8 latent 512 B + 4 scales x 4 B + rope 64 x 2 B = 656 B,
-        # indexer key 128 B + one 4 B scale = 132 B; (656 + 132) x 61 layers.
-        cm = KVCostModel.from_preset("deepseek-v3.2", kv_cache_dtype="fp8_e4m3")
-        self.assertEqual(cm.attention, AttentionKind.DSA)
-        self.assertEqual(cm.bytes_per_token, 48_068)
-        # bf16 latent (512 + 64) x 2 B + the same fp8 indexer: (1152 + 132) x 61.
-        self.assertEqual(KVCostModel.from_preset("deepseek-v3.2").bytes_per_token, 78_324)
+    def test_deepseek_v32_dsa(self):
+        # fp8 latent 512 B + 512 / 128 scales x 4 B + rope 64 x 2 B = 656 B,
+        # indexer key 128 B + one 4 B scale = 132 B; (656 + 132) x 61 layers
+        fp8 = KVCostModel.from_preset("deepseek-v3.2", kv_cache_dtype="fp8_e4m3")
+        self.assertEqual(fp8.attention, AttentionKind.DSA)
+        self.assertEqual(fp8.bytes_per_token, 48_068)
+        # bf16 latent (512 + 64) x 2 B + the same fp8 indexer: (1152 + 132) x 61
+        bf16 = KVCostModel.from_preset("deepseek-v3.2", tp_size=8)
+        self.assertEqual(bf16.bytes_per_token, 78_324)
 
-    def test_llama_3_70b_gqa_sharded(self):
+    def test_llama_3_70b_gqa_sharded_then_replicated(self):
         # 2 (K, V) x 8 kv heads x 128 x 2 B x 80 layers
         tp1 = KVCostModel.from_preset("llama-3-70b")
         self.assertEqual(tp1.attention, AttentionKind.GQA)
         self.assertEqual(tp1.bytes_per_token, 327_680)
-        # TP 8: one kv head per rank.
-        self.assertEqual(KVCostModel.from_preset("llama-3-70b", tp_size=8).bytes_per_token, 40_960)
         self.assertEqual(tp1.compression_vs_mha, 1.0)
+        # TP 2: 4 kv heads a rank; TP 8: one; TP 16: still one whole head a rank
+        for tp, expected in ((2, 163_840), (8, 40_960), (16, 40_960)):
+            cm = KVCostModel.from_preset("llama-3-70b", tp_size=tp)
+            self.assertEqual(cm.bytes_per_token, expected, tp)
+        # Llama-3-8B on 16 ranks: 2 x 1 x 128 x 2 B x 32 layers
+        llama_8b = KVCostModel.from_preset("llama-3-8b", tp_size=16)
+        self.assertEqual(llama_8b.bytes_per_token, 16_384)
 
-    def test_gqa_with_fewer_kv_heads_than_ranks_replicates(self):
-        # 8 kv heads on 16 ranks: each rank still holds one whole head.
-        self.assertEqual(KVCostModel.from_preset("llama-3-70b", tp_size=16).bytes_per_token, 40_960)
-        # Llama-3-8B: 2 x 1 x 128 x 2 B x 32 layers
-        self.assertEqual(KVCostModel.from_preset("llama-3-8b", tp_size=16).bytes_per_token, 16_384)
+    def test_mqa_and_mha(self):
+        # One kv head, replicated: 2 x 1 x 64 x 2 B x 4 layers at any TP
+        for tp in (1, 4):
+            cm = KVCostModel.from_config(MQA, tp_size=tp)
+            self.assertEqual(cm.attention, AttentionKind.MQA)
+            self.assertEqual(cm.bytes_per_token, 1_024)
+        # 2 x 2 heads x 4 x 2 B x 1 layer; fp32 doubles it
+        mha = KVCostModel.from_config(TINY_LLAMA)
+        self.assertEqual(mha.attention, AttentionKind.MHA)
+        self.assertEqual(mha.bytes_per_token, 32)
+        self.assertEqual(
+            KVCostModel.from_config(TINY_LLAMA, kv_cache_dtype="fp32").bytes_per_token,
+            64,
+        )
 
-    def test_mqa(self):
-        cm = KVCostModel.from_config(MQA)
-        self.assertEqual(cm.attention, AttentionKind.MQA)
-        # 2 x 1 head x 64 x 2 B x 4 layers, the same on every rank.
-        self.assertEqual(cm.bytes_per_token, 1_024)
-        self.assertEqual(KVCostModel.from_config(MQA, tp_size=4).bytes_per_token, 1_024)
-
-    def test_mha(self):
-        cm = KVCostModel.from_config(TINY_LLAMA)
-        self.assertEqual(cm.attention, AttentionKind.MHA)
-        self.assertEqual(cm.bytes_per_token, 32)  # 2 x 2 heads x 4 x 2 B x 1 layer
-
-    def test_page_rounding(self):
+    def test_pages(self):
         cm = KVCostModel.from_preset("deepseek-v3", page_size=64)
-        page_bytes = 64 * 70_272  # 4,497,408
+        page = 4_497_408  # 64 x 70,272
         self.assertEqual(cm.bytes_for_tokens(0), 0)
-        self.assertEqual(cm.bytes_for_tokens(1), page_bytes)
-        self.assertEqual(cm.bytes_for_tokens(64), page_bytes)
-        self.assertEqual(cm.bytes_for_tokens(65), 2 * page_bytes)
-        self.assertEqual(cm.tokens_for_bytes(page_bytes - 1), 0)
-        self.assertEqual(cm.tokens_for_bytes(page_bytes), 64)
-        self.assertEqual(cm.tokens_for_bytes(3 * page_bytes - 1), 128)
+        self.assertEqual(cm.bytes_for_tokens(-3), 0)
+        self.assertEqual(cm.bytes_for_tokens(1), page)
+        self.assertEqual(cm.bytes_for_tokens(64), page)
+        self.assertEqual(cm.bytes_for_tokens(65), 2 * page)
+        self.assertEqual(cm.tokens_for_bytes(page - 1), 0)
+        self.assertEqual(cm.tokens_for_bytes(page), 64)
+        self.assertEqual(cm.tokens_for_bytes(3 * page - 1), 128)
         self.assertEqual(cm.tokens_for_bytes(-5), 0)
-        self.assertEqual(cm.with_setup(page_size=1).tokens_for_bytes(page_bytes - 1), 63)
+        self.assertEqual(cm.tokens_for_bytes(float("nan")), 0)
+        self.assertEqual(cm.with_setup(page_size=1).tokens_for_bytes(page - 1), 63)
 
 
-class TestPrefillAndRestore(CustomTestCase):
-    def test_prefill_flops_mha_by_hand(self):
+class TestPrefill(RelativeCase):
+    def test_mha_by_hand(self):
         cm = KVCostModel.from_config(TINY_LLAMA)
-        # q, o: 2 x 8 x (2 x 4) = 128; k, v: 2 x 8 x (2 x 4) = 128; MLP 3 x 8 x 16 = 384
+        # q, o: 2 x 8 x (2 x 4) = 128; k, v: 2 x 8 x (2 x 4) = 128; MLP 3 x 8 x 16
         self.assertEqual(cm.active_params, 640)
         # QK^T and AV: 2 FLOPs x 2 heads x (4 + 4) per attended token
         self.assertEqual(cm.attention_flops_per_position, 32)
         # positions 0, 1, 2 attend 1, 2, 3 tokens
-        self.assertEqual(cm.prefill_flops(0, 3), 2 * 640 * 3 + 32 * (1 + 2 + 3))  # 4032
-        self.assertEqual(cm.prefill_flops(2, 4), 2 * 640 * 2 + 32 * (3 + 4))  # 2784
+        self.assertRel(cm.prefill_flops(0, 3), 4_032)  # 2 x 640 x 3 + 32 x 6
+        self.assertRel(cm.prefill_flops(2, 4), 2_784)  # 2 x 640 x 2 + 32 x (3 + 4)
         self.assertEqual(cm.prefill_flops(5, 5), 0)
         self.assertEqual(cm.prefill_flops(5, 2), 0)
+        self.assertRel(cm.prefill_seconds(0, 3), 1.008e-11)  # 4,032 / 400e12
+        fast = KVCostModel.from_config(TINY_LLAMA, gpu_flops_per_s=2e12)
+        self.assertRel(fast.prefill_seconds(0, 3), 2.016e-9)  # 4,032 / 2e12
 
-    def test_prefill_flops_mla_by_hand(self):
+    def test_mla_by_hand(self):
         cm = KVCostModel.from_config(TINY_MLA)
-        # per layer: q 16x2x6 = 192, kv_a 16x(8+2) = 160, kv_b 8x2x(4+4) = 128,
-        # o 2x4x16 = 128, MLP 3x16x32 = 1536 -> 2144; two layers
-        self.assertEqual(cm.active_params, 4_288)
-        self.assertEqual(cm.attention_flops_per_position, 2 * 2 * (6 + 4) * 2)  # 80
-        self.assertEqual(cm.prefill_flops(0, 4), 2 * 4_288 * 4 + 80 * (1 + 2 + 3 + 4))
-        self.assertEqual(cm.bytes_per_token, (8 + 2) * 2 * 2)
+        # per layer: q 16 x 2 x 6 = 192, kv_a 16 x (8 + 2) = 160,
+        # kv_b 8 x 2 x (4 + 4) = 128, o 2 x 4 x 16 = 128, MLP 3 x 16 x 32 = 1,536
+        self.assertEqual(cm.active_params, 4_288)  # 2 layers x 2,144
+        self.assertEqual(cm.attention_flops_per_position, 80)  # 2 x 2 x 10 x 2
+        # 2 x 4,288 x 4 + 80 x (1 + 2 + 3 + 4)
+        self.assertRel(cm.prefill_flops(0, 4), 35_104)
+        self.assertEqual(cm.bytes_per_token, 40)  # (8 + 2) x 2 B x 2 layers
 
-    def test_prefill_flops_dsa_window_by_hand(self):
+    def test_moe_with_low_rank_query_by_hand(self):
+        cm = KVCostModel.from_config(TINY_MOE)
+        # attention per layer: q 16 x 4 + 4 x 2 x 6 = 112, kv_a 160, kv_b 128, o 128
+        # layer 0 dense MLP 3 x 16 x 32 = 1,536; layer 1 (1 shared + 2 routed)
+        # x 3 x 16 x 8 + gate 16 x 4 = 1,216
+        self.assertEqual(cm.active_params, 2 * 528 + 1_536 + 1_216)  # 3,808
+        self.assertRel(cm.prefill_flops(0, 1), 2 * 3_808 + 80)
+
+    def test_dsa_window_by_hand(self):
         cm = KVCostModel.from_config(TINY_DSA)
         self.assertEqual(cm.attention_window, 2)
-        # absorbed sparse attention: 2 x 2 heads x ((8 + 2) + 8); indexer 2 x 2 x 4
+        # absorbed sparse attention 2 x 2 heads x ((8 + 2) + 8); indexer 2 x 2 x 4
         self.assertEqual(cm.attention_flops_per_position, 72)
         self.assertEqual(cm.indexer_flops_per_position, 16)
-        # attention sees min(p + 1, 2) tokens, the indexer all p + 1 of them;
-        # active: 608 (as TINY_MLA, one layer) + indexer 16x2x4 + 16x(4+2) + MLP 1536
-        self.assertEqual(cm.active_params, 608 + 224 + 1_536)
-        expected = 2 * 2_368 * 4 + 72 * (1 + 2 + 2 + 2) + 16 * (1 + 2 + 3 + 4)
-        self.assertEqual(cm.prefill_flops(0, 4), expected)
+        # 608 (TINY_MLA's attention, one layer) + indexer q 16 x 2 x 4, k 16 x 4,
+        # weights 16 x 2 + MLP 1,536
+        self.assertEqual(cm.active_params, 2_368)
+        # attention sees min(p + 1, 2) tokens, the indexer all p + 1
+        # 2 x 2,368 x 4 + 72 x (1 + 2 + 2 + 2) + 16 x (1 + 2 + 3 + 4)
+        self.assertRel(cm.prefill_flops(0, 4), 19_608)
+        # positions 3, 4: 2 x 2,368 x 2 + 72 x (2 + 2) + 16 x (4 + 5)
+        self.assertRel(cm.prefill_flops(3, 5), 9_904)
 
     def test_deepseek_v3_active_params(self):
-        # attention per layer: q 7168x1536 + 1536x128x192, kv_a 7168x576,
-        # kv_b 512x128x256, o 128x128x7168 = 187,105,280; x 61
-        # 3 dense MLPs of 3x7168x18432; 58 MoE layers of 9 experts x 3x7168x2048 + gate
-        attention = 61 * 187_105_280
-        dense = 3 * 3 * 7168 * 18432
-        moe = 58 * (9 * 3 * 7168 * 2048 + 7168 * 256)
+        # attention a layer: q 7168 x 1536 + 1536 x 128 x 192, kv_a 7168 x 576,
+        # kv_b 512 x 128 x 256, o 128 x 128 x 7168 = 187,105,280; x 61
+        # 3 dense MLPs of 3 x 7168 x 18432; 58 MoE layers of 9 experts
+        # x 3 x 7168 x 2048 + gate 7168 x 256
         cm = KVCostModel.from_preset("deepseek-v3")
-        self.assertEqual(cm.active_params, attention + dense + moe)  # 35,697,917,952
+        self.assertEqual(cm.active_params, 35_697_917_952)
         self.assertEqual(cm.attention_flops_per_position, 4_997_120)
+        # 2 x 35,697,917,952 x 2 + 4,997,120 x (1 + 2)
+        self.assertRel(cm.prefill_flops(0, 2), 142_806_663_168)
+
+    def test_calibrated_seconds(self):
+        cal = Calibration("test-gpu", 1e-6, 1e-9, 2e-8)
+        # 2 layers x (1e-6 x 4 tokens + 1e-9 x (1 + 2 + 3 + 4) attended)
+        mla = KVCostModel.from_config(TINY_MLA, calibration=cal)
+        self.assertRel(mla.prefill_seconds(0, 4), 8.02e-6)
+        # DSA: 1 layer x (1e-6 x 4 + 1e-9 x (1 + 2 + 2 + 2)), window 2
+        dsa = KVCostModel.from_config(TINY_DSA, calibration=cal)
+        self.assertRel(dsa.prefill_seconds(0, 4), 4.007e-6)
+        self.assertEqual(dsa.prefill_seconds(4, 4), 0)
+        uncal = KVCostModel.from_config(TINY_MLA).with_setup(calibration=cal)
+        self.assertRel(uncal.prefill_seconds(0, 4), 8.02e-6)
 
     def test_deeper_tokens_cost_more(self):
         cm = KVCostModel.from_preset("deepseek-v3")
-        self.assertGreater(cm.prefill_seconds(10_000, 10_064), cm.prefill_seconds(0, 64))
+        self.assertGreater(
+            cm.prefill_seconds(10_000, 10_064), cm.prefill_seconds(0, 64)
+        )
 
-    def test_restore_is_min_only_when_backed_up(self):
-        cm = KVCostModel.from_preset("deepseek-v3")
-        recompute = cm.prefill_flops(0, 4) / 400e12
-        reload = 4 * 70_272 / 25e9
-        self.assertAlmostEqual(cm.prefill_seconds(0, 4), recompute)
-        self.assertAlmostEqual(cm.restore_seconds(0, 4), recompute)
-        self.assertLess(reload, recompute)
-        self.assertAlmostEqual(cm.restore_seconds(0, 4, backed_up=True), reload)
-        # A tiny model recomputes faster than it reloads: backed up or not, recompute.
-        tiny = KVCostModel.from_config(TINY_LLAMA)
-        tiny_recompute = 4_032 / 400e12
-        self.assertLess(tiny_recompute, 3 * 32 / 25e9)
-        self.assertAlmostEqual(tiny.restore_seconds(0, 3, backed_up=True), tiny_recompute)
-        self.assertEqual(cm.restore_seconds(4, 4, backed_up=True), 0)
-
-    def test_calibrated_times(self):
-        cal = Calibration("test-gpu", 1e-6, 1e-9, 2e-8)
-        cm = KVCostModel.from_config(TINY_MLA, calibration=cal)
-        # 2 layers x (1e-6 x 4 tokens + 1e-9 x (1 + 2 + 3 + 4) attended)
-        self.assertAlmostEqual(cm.prefill_seconds(0, 4), 2 * (4e-6 + 10e-9))
-        self.assertAlmostEqual(cm.reload_seconds_per_token, 2 * 2e-8)
+    def test_negative_position_raises(self):
+        cm = KVCostModel.from_config(TINY_LLAMA)
+        with self.assertRaisesRegex(
+            ValueError, r"positions must be >= 0, got \[-1, 2\)"
+        ):
+            cm.prefill_flops(-1, 2)
 
 
 class TestAgainstSGLangPools(CustomTestCase):
-    """Per-row bytes of SGLang's real KV pools, built on CPU, per layer."""
+    """Bytes per row and layer of SGLang's own KV pools, built on CPU."""
 
     ROWS = 16
 
@@ -234,11 +268,19 @@ class TestAgainstSGLangPools(CustomTestCase):
         return int(total_bytes) / rows / layers
 
     def test_mla_pool_bf16_and_fp8(self):
-        for dtype, kv_dtype in ((torch.bfloat16, "bf16"), (torch.float8_e4m3fn, "fp8_e4m3")):
+        for dtype, kv_dtype in (
+            (torch.bfloat16, "bf16"),
+            (torch.float8_e4m3fn, "fp8_e4m3"),
+        ):
             with self.subTest(kv_dtype=kv_dtype):
                 pool = MLATokenToKVPool(
-                    size=self.ROWS, page_size=1, dtype=dtype, kv_lora_rank=512,
-                    qk_rope_head_dim=64, layer_num=2, device="cpu",
+                    size=self.ROWS,
+                    page_size=1,
+                    dtype=dtype,
+                    kv_lora_rank=512,
+                    qk_rope_head_dim=64,
+                    layer_num=2,
+                    device="cpu",
                     enable_memory_saver=False,
                 )
                 cm = KVCostModel.from_preset("deepseek-v3", kv_cache_dtype=kv_dtype)
@@ -248,15 +290,25 @@ class TestAgainstSGLangPools(CustomTestCase):
                 )
 
     def test_dsa_pool(self):
-        for dtype, kv_dtype in ((torch.float8_e4m3fn, "fp8_e4m3"), (torch.bfloat16, "bf16")):
+        for dtype, kv_dtype, kv_dim in (
+            (torch.float8_e4m3fn, "fp8_e4m3", 656),
+            (torch.bfloat16, "bf16", 576),
+        ):
             with self.subTest(kv_dtype=kv_dtype):
                 cm = KVCostModel.from_preset("deepseek-v3.2", kv_cache_dtype=kv_dtype)
-                kv_dim = 656 if dtype == torch.float8_e4m3fn else 576
-                with get_parallel().override(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0):
+                with get_parallel().override(
+                    attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0
+                ):
                     pool = DSATokenToKVPool(
-                        size=128, page_size=64, kv_lora_rank=512, dtype=dtype,
-                        qk_rope_head_dim=64, layer_num=2, device="cpu",
-                        index_head_dim=128, enable_memory_saver=False,
+                        size=128,
+                        page_size=64,
+                        kv_lora_rank=512,
+                        dtype=dtype,
+                        qk_rope_head_dim=64,
+                        layer_num=2,
+                        device="cpu",
+                        index_head_dim=128,
+                        enable_memory_saver=False,
                         kv_cache_dim=kv_dim,
                     )
                 self.assertEqual(
@@ -269,9 +321,14 @@ class TestAgainstSGLangPools(CustomTestCase):
             with self.subTest(tp=tp):
                 cm = KVCostModel.from_preset("llama-3-70b", tp_size=tp)
                 pool = MHATokenToKVPool(
-                    size=self.ROWS, page_size=1, dtype=torch.bfloat16,
-                    head_num=max(1, 8 // tp), head_dim=128, layer_num=2,
-                    device="cpu", enable_memory_saver=False,
+                    size=self.ROWS,
+                    page_size=1,
+                    dtype=torch.bfloat16,
+                    head_num=8 // tp,
+                    head_dim=128,
+                    layer_num=2,
+                    device="cpu",
+                    enable_memory_saver=False,
                 )
                 k_bytes, v_bytes = pool.get_kv_size_bytes()
                 self.assertEqual(
@@ -280,26 +337,25 @@ class TestAgainstSGLangPools(CustomTestCase):
                 )
 
     def test_calculate_mla_kv_cache_dim(self):
-        bf16 = KVCostModel.from_preset("deepseek-v3")
-        v3 = SimpleNamespace(
-            hf_config=SimpleNamespace(**PRESETS["deepseek-v3"]),
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
-        )
-        dim = calculate_mla_kv_cache_dim(model_config=v3, kv_cache_dtype=torch.bfloat16)
-        self.assertEqual(dim * 2 * 61, bf16.bytes_per_token)
+        def model_config(preset):
+            hf_config = SimpleNamespace(**PRESETS[preset])
+            return SimpleNamespace(
+                hf_config=hf_config, kv_lora_rank=512, qk_rope_head_dim=64
+            )
 
+        dim = calculate_mla_kv_cache_dim(
+            model_config=model_config("deepseek-v3"), kv_cache_dtype=torch.bfloat16
+        )
+        self.assertEqual(
+            dim * 2 * 61, KVCostModel.from_preset("deepseek-v3").bytes_per_token
+        )
         # The DSA layout depends on the published attention backends.
         reset_context()
         try:
             publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-            v32 = SimpleNamespace(
-                hf_config=SimpleNamespace(**PRESETS["deepseek-v3.2"]),
-                kv_lora_rank=512,
-                qk_rope_head_dim=64,
-            )
             dim = calculate_mla_kv_cache_dim(
-                model_config=v32, kv_cache_dtype=torch.float8_e4m3fn
+                model_config=model_config("deepseek-v3.2"),
+                kv_cache_dtype=torch.float8_e4m3fn,
             )
         finally:
             reset_context()
@@ -308,54 +364,295 @@ class TestAgainstSGLangPools(CustomTestCase):
         self.assertEqual((dim + indexer) * 61, fp8.bytes_per_token)
 
 
+V3 = PRESETS["deepseek-v3"]
+LLAMA = PRESETS["llama-3-8b"]
+# (model config, from_config kwargs, the whole message)
+BAD_MODELS = [
+    (
+        dict(V3, num_hidden_layers=0),
+        {},
+        "model config: field 'num_hidden_layers' must be an integer >= 1, got 0",
+    ),
+    (
+        dict(LLAMA, num_attention_heads=0),
+        {},
+        "model config: field 'num_attention_heads' must be an integer >= 1, got 0",
+    ),
+    (
+        dict(LLAMA, num_key_value_heads=0),
+        {},
+        "model config: field 'num_key_value_heads' must be an integer >= 1, got 0",
+    ),
+    (
+        dict(LLAMA, head_dim=-4),
+        {},
+        "model config: field 'head_dim' must be an integer >= 1, got -4",
+    ),
+    (
+        dict(LLAMA, hidden_size=True),
+        {},
+        "model config: field 'hidden_size' must be an integer >= 1, got True",
+    ),
+    (
+        dict(LLAMA, intermediate_size=0),
+        {},
+        "model config: field 'intermediate_size' must be an integer >= 1, got 0",
+    ),
+    (
+        dict(V3, kv_lora_rank="512"),
+        {},
+        "model config: field 'kv_lora_rank' must be an integer >= 1, got '512'",
+    ),
+    (
+        dict(V3, qk_rope_head_dim=0),
+        {},
+        "model config: field 'qk_rope_head_dim' must be an integer >= 1, got 0",
+    ),
+    (
+        dict(V3, num_experts_per_tok=0.5),
+        {},
+        "model config: field 'num_experts_per_tok' must be an integer >= 1, got 0.5",
+    ),
+    (
+        dict(V3, first_k_dense_replace=62),
+        {},
+        "model config: field 'first_k_dense_replace' must be <= num_hidden_layers "
+        "(61), got 62",
+    ),
+    (
+        dict(PRESETS["deepseek-v3.2"], index_topk=0),
+        {},
+        "model config: field 'index_topk' must be an integer >= 1, got 0",
+    ),
+    (
+        {k: v for k, v in V3.items() if k != "kv_lora_rank"},
+        {},
+        "model config: missing field 'kv_lora_rank'",
+    ),
+    (
+        {k: v for k, v in LLAMA.items() if k != "architectures"},
+        {},
+        "model config: missing field 'architectures'",
+    ),
+    (
+        dict(LLAMA, architectures="LlamaForCausalLM"),
+        {},
+        "model config: field 'architectures' must be a non-empty list of strings, "
+        "got 'LlamaForCausalLM'",
+    ),
+    (
+        dict(LLAMA, architectures=[1, 2]),
+        {},
+        "model config: field 'architectures' must be a non-empty list of strings, "
+        "got [1, 2]",
+    ),
+    (
+        dict(LLAMA, architectures={"LlamaForCausalLM": 1}),
+        {},
+        "model config: field 'architectures' must be a non-empty list of strings, "
+        "got {'LlamaForCausalLM': 1}",
+    ),
+    (
+        dict(LLAMA, architectures=[]),
+        {},
+        "model config: field 'architectures' must be a non-empty list of strings, "
+        "got []",
+    ),
+    (
+        dict(LLAMA, architectures=["BertModel"]),
+        {},
+        "model config: field 'architectures' = ['BertModel'] names no causal LM",
+    ),
+    (
+        dict(V3, torch_dtype="float64"),
+        {},
+        "model config: field 'torch_dtype' = 'float64' is no KV cache dtype; use one "
+        "of bf16, bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, fp16, "
+        "fp32, fp8, fp8_e4m3, fp8_e5m2, half",
+    ),
+    (
+        V3,
+        dict(kv_cache_dtype="int3"),
+        "serving setup: field 'kv_cache_dtype' = 'int3' is no KV cache dtype; use "
+        "one of bf16, bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, fp16, "
+        "fp32, fp8, fp8_e4m3, fp8_e5m2, half",
+    ),
+    (
+        V3,
+        dict(tp_size=0),
+        "serving setup: field 'tp_size' must be an integer >= 1, got 0",
+    ),
+    (
+        V3,
+        dict(tp_size=True),
+        "serving setup: field 'tp_size' must be an integer >= 1, got True",
+    ),
+    (
+        V3,
+        dict(page_size=-1),
+        "serving setup: field 'page_size' must be an integer >= 1, got -1",
+    ),
+    (
+        V3,
+        dict(page_size=2.0),
+        "serving setup: field 'page_size' must be an integer >= 1, got 2.0",
+    ),
+    (
+        V3,
+        dict(gpu_flops_per_s=float("nan")),
+        "serving setup: field 'gpu_flops_per_s' must be a finite number > 0, got nan",
+    ),
+    (
+        V3,
+        dict(gpu_flops_per_s=float("inf")),
+        "serving setup: field 'gpu_flops_per_s' must be a finite number > 0, got inf",
+    ),
+    (
+        V3,
+        dict(gpu_flops_per_s=0),
+        "serving setup: field 'gpu_flops_per_s' must be a finite number > 0, got 0",
+    ),
+    (
+        V3,
+        dict(gpu_flops_per_s=-1e12),
+        "serving setup: field 'gpu_flops_per_s' must be a finite number > 0, "
+        "got -1000000000000.0",
+    ),
+    (
+        V3,
+        dict(gpu_flops_per_s=True),
+        "serving setup: field 'gpu_flops_per_s' must be a finite number > 0, got True",
+    ),
+    (
+        "llama-9000",
+        {},
+        "llama-9000: no such config.json, and 'llama-9000' is not a preset "
+        "(deepseek-r1, deepseek-v3, deepseek-v3.2, llama-3-70b, llama-3-8b, "
+        "mistral-7b, qwen2.5-7b)",
+    ),
+    (42, {}, "model config must be a path or a dict, got 42"),
+]
+
+
 class TestBadInput(CustomTestCase):
+    def test_messages(self):
+        for config, kwargs, message in BAD_MODELS:
+            with self.subTest(message=message):
+                with self.assertRaises(ModelConfigError) as ctx:
+                    KVCostModel.from_config(config, **kwargs)
+                self.assertEqual(str(ctx.exception), message)
+                self.assertIsInstance(ctx.exception, ValueError)
+
     def test_unknown_preset(self):
         with self.assertRaises(ModelConfigError) as ctx:
             KVCostModel.from_preset("deepseek-v9")
-        self.assertIn("deepseek-v9", str(ctx.exception))
-        self.assertIn("deepseek-v3", str(ctx.exception))  # lists the known ones
+        self.assertEqual(
+            str(ctx.exception),
+            "unknown model preset 'deepseek-v9'; known: deepseek-r1, deepseek-v3, "
+            "deepseek-v3.2, llama-3-70b, llama-3-8b, mistral-7b, qwen2.5-7b",
+        )
 
-    def test_config_json_missing_field_names_it(self):
-        for drop, config in (("kv_lora_rank", PRESETS["deepseek-v3"]),
-                             ("num_hidden_layers", PRESETS["llama-3-8b"]),
-                             ("architectures", PRESETS["llama-3-8b"])):
-            with self.subTest(field=drop), tempfile.TemporaryDirectory() as d:
-                path = os.path.join(d, "config.json")
-                with open(path, "w") as f:
-                    json.dump({k: v for k, v in config.items() if k != drop}, f)
-                for source in (path, d):
-                    with self.assertRaises(ModelConfigError) as ctx:
-                        KVCostModel.from_config(source)
-                    self.assertIn(repr(drop), str(ctx.exception))
-                    self.assertIn(path, str(ctx.exception))
-
-    def test_config_field_of_wrong_type(self):
+    def test_with_setup(self):
+        cm = KVCostModel.from_preset("deepseek-v3")
         with self.assertRaises(ModelConfigError) as ctx:
-            KVCostModel.from_config(dict(PRESETS["deepseek-v3"], kv_lora_rank="512"))
-        self.assertIn("'kv_lora_rank'", str(ctx.exception))
+            cm.with_setup(page_size=0)
+        self.assertEqual(
+            str(ctx.exception),
+            "serving setup: field 'page_size' must be an integer >= 1, got 0",
+        )
+        with self.assertRaises(ModelConfigError) as ctx:
+            cm.with_setup(tp_size=8)
+        self.assertEqual(
+            str(ctx.exception), "serving setup: with_setup cannot change ['tp_size']"
+        )
 
-    def test_missing_or_unreadable_file(self):
+    def test_config_files(self):
         with tempfile.TemporaryDirectory() as d:
-            with self.assertRaises(ModelConfigError):
-                KVCostModel.from_config(os.path.join(d, "nope.json"))
-            bad = os.path.join(d, "config.json")
-            with open(bad, "w") as f:
+            path = os.path.join(d, "config.json")
+            with open(path, "w") as f:
+                json.dump(dict(V3, num_hidden_layers=0), f)
+            for source in (path, d):
+                with self.assertRaises(ModelConfigError) as ctx:
+                    KVCostModel.from_config(source)
+                self.assertEqual(
+                    str(ctx.exception),
+                    f"{path}: field 'num_hidden_layers' must be an integer >= 1, got 0",
+                )
+            listed = os.path.join(d, "list.json")
+            with open(listed, "w") as f:
+                f.write("[1, 2]")
+            with self.assertRaises(ModelConfigError) as ctx:
+                KVCostModel.from_config(listed)
+            self.assertEqual(
+                str(ctx.exception), f"{listed}: top level must be a JSON object"
+            )
+            broken = os.path.join(d, "broken.json")
+            with open(broken, "w") as f:
                 f.write("{not json")
             with self.assertRaises(ModelConfigError) as ctx:
-                KVCostModel.from_config(bad)
-            self.assertIn(bad, str(ctx.exception))
+                KVCostModel.from_config(broken)
+            self.assertTrue(
+                str(ctx.exception).startswith(f"{broken}: not a readable JSON config: ")
+            )
 
-    def test_bad_dtype(self):
+
+class TestCalibration(RelativeCase):
+    FIT = dict(
+        prefill_s_per_token=1e-6,
+        prefill_s_per_token_per_position=1e-9,
+        h2d_s_per_token_per_layer=2e-8,
+    )
+
+    def write(self, d, **fit):
+        path = os.path.join(d, "calibration.json")
+        with open(path, "w") as f:
+            f.write(json.dumps(dict(gpu_name="H200", fit=dict(self.FIT, **fit))))
+        return path
+
+    def test_load(self):
+        with tempfile.TemporaryDirectory() as d:
+            cal = Calibration.load(self.write(d, prefill_s_per_token_per_position=0))
+        self.assertEqual(cal, Calibration("H200", 1e-6, 0.0, 2e-8))
+
+    def test_bad_values_name_file_and_field(self):
+        cases = [
+            ("prefill_s_per_token", float("nan"), "> 0", "nan"),
+            ("prefill_s_per_token", 0, "> 0", "0"),
+            ("prefill_s_per_token_per_position", -1e-9, ">= 0", "-1e-09"),
+            ("prefill_s_per_token_per_position", float("inf"), ">= 0", "inf"),
+            ("h2d_s_per_token_per_layer", 0.0, "> 0", "0.0"),
+            ("h2d_s_per_token_per_layer", "2e-8", "> 0", "'2e-8'"),
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            for field, value, bound, shown in cases:
+                with self.subTest(field=field, value=value):
+                    path = self.write(d, **{field: value})
+                    with self.assertRaises(ModelConfigError) as ctx:
+                        Calibration.load(path)
+                    self.assertEqual(
+                        str(ctx.exception),
+                        f"{path}: calibration: field {field!r} must be a finite "
+                        f"number {bound}, got {shown}",
+                    )
+            fit = {k: v for k, v in self.FIT.items() if k != "prefill_s_per_token"}
+            path = os.path.join(d, "missing.json")
+            with open(path, "w") as f:
+                json.dump(dict(gpu_name="H200", fit=fit), f)
+            with self.assertRaises(ModelConfigError) as ctx:
+                Calibration.load(path)
+            self.assertEqual(
+                str(ctx.exception),
+                f"{path}: missing calibration field 'prefill_s_per_token'",
+            )
+
+    def test_direct_construction(self):
         with self.assertRaises(ModelConfigError) as ctx:
-            KVCostModel.from_preset("deepseek-v3", kv_cache_dtype="int3")
-        self.assertIn("'int3'", str(ctx.exception))
-
-    def test_bad_setup(self):
-        for field, kwargs in (("tp_size", dict(tp_size=0)), ("page_size", dict(page_size=-1))):
-            with self.subTest(field=field):
-                with self.assertRaises(ModelConfigError) as ctx:
-                    KVCostModel.from_preset("deepseek-v3", **kwargs)
-                self.assertIn(field, str(ctx.exception))
+            Calibration("H200", 1e-6, 1e-9, float("nan"))
+        self.assertEqual(
+            str(ctx.exception),
+            "calibration: field 'h2d_s_per_token_per_layer' must be a finite "
+            "number > 0, got nan",
+        )
 
 
 if __name__ == "__main__":
