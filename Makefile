@@ -47,8 +47,8 @@ OUT ?= out/upstream-patch
 
 ## make upstream-patch OUT=dir: the project as a git format-patch series against sglang 0.5.23
 upstream-patch: $(STAMP)
-	$(PY) benchmark/mla_eviction/upstream_patch.py export --out $(OUT)
+	$(PY) tools/upstream_patch.py export --out $(OUT)
 
 ## make upstream-check: apply that series to a fresh sglang 0.5.23 tree and run its tests there
 upstream-check: $(STAMP)
-	$(PY) benchmark/mla_eviction/upstream_patch.py check
+	$(PY) tools/upstream_patch.py check
