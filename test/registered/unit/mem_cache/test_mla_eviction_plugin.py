@@ -1,34 +1,35 @@
-"""The plugin through SGLang's own machinery: entry point, CLI, server args, tree-cache factory."""
+"""The plugin through SGLang's own machinery: entry point, CLI, server args, the
+radix-cache backend and its eviction callback, and the stock cache without the flag."""
 
 import argparse
 import os
 import subprocess
 import sys
 import unittest
+from array import array
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 from transformers import PretrainedConfig
 
 from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+from sglang.srt.mem_cache import mla_eviction_plugin as plugin
 from sglang.srt.mem_cache import registry
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.evict_policy import LRUStrategy
+from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
-from sglang.srt.mem_cache import mla_leaf_index, mla_victim_trim
-from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
-from sglang.srt.mem_cache.mla_cost_model import PRESETS, ModelConfigError
-from sglang.srt.mem_cache.mla_eviction_plugin import (
-    FLAG,
-    _host_copies,
-    add_flag,
-    apply_flag,
-    prepare_tree_cache,
-    register,
-    register_tree_hooks,
-    resolve_policy_params,
+from sglang.srt.mem_cache.mla_aware_policy import (
+    MLAAwareStrategy,
+    PolicyConfigError,
+    create_mla_aware_strategy,
 )
+from sglang.srt.mem_cache.mla_cost_model import PRESETS, AttentionKind, KVCostModel
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 from sglang.srt.plugins import load_plugins
@@ -38,30 +39,30 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
-HOOKED = {
-    "sglang.srt.server_args.ServerArgs.add_cli_args": add_flag,
-    "sglang.srt.server_args.ServerArgs.from_cli_args": apply_flag,
-    "sglang.srt.mem_cache.registry.create_tree_cache": prepare_tree_cache,
-    **mla_victim_trim.HOOKS,
-    **mla_leaf_index.HOOKS,
-}
-TREE_HOOKED = {**mla_victim_trim.HOOKS, **mla_leaf_index.HOOKS}
+FLAG = plugin.FLAG
+SERVER_ARGS = "sglang.srt.server_args.ServerArgs."
 
 
 def setUpModule():
     # What launch_server, the Engine and every scheduler process do first: run the
-    # `sglang.srt.plugins` entry points (ours is in pyproject.toml), apply hooks.
+    # `sglang.srt.plugins` entry points (ours is in pyproject.toml), apply the hooks.
     load_plugins()
-    register()  # no-op if the entry point already ran; applies nothing new
+    plugin.register()  # no-op if the entry point ran
     HookRegistry.apply_hooks()
 
 
-def cache_params(policy="mla_aware", config=None, page_size=1):
+def cache_params(policy="mla_aware", config=None):
     kv = MLATokenToKVPool(
-        size=64, page_size=page_size, dtype=torch.bfloat16, kv_lora_rank=8,
-        qk_rope_head_dim=4, layer_num=1, device="cpu", enable_memory_saver=False,
+        size=64,
+        page_size=1,
+        dtype=torch.bfloat16,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
     )
     return CacheInitParams(
         disable=False,
@@ -71,73 +72,126 @@ def cache_params(policy="mla_aware", config=None, page_size=1):
         token_to_kv_pool_allocator=TokenToKVPoolAllocator(
             64, torch.bfloat16, "cpu", kv, need_sort=False
         ),
-        page_size=page_size,
+        page_size=1,
         eviction_policy=policy,
         eviction_policy_config=config,
     )
 
 
 class TestRegistration(CustomTestCase):
-    def test_entry_point_registers_policy_and_hooks(self):
-        self.assertIn("mla_aware", _EVICTION_POLICY_FACTORIES)
+    def test_entry_point_registers_policy_backend_and_flag(self):
+        self.assertIs(
+            _EVICTION_POLICY_FACTORIES["mla_aware"], create_mla_aware_strategy
+        )
         self.assertEqual(RADIX_EVICTION_POLICY_CHOICES.count("mla_aware"), 1)
-        for target, hook in HOOKED.items():
-            hooks = [h for _, h, _ in HookRegistry._hooks[target] if h is hook]
-            self.assertEqual(len(hooks), 1, target)
-            self.assertIn(target, HookRegistry._patched)
+        self.assertIs(
+            registry.get_radix_cache_factory("mla_aware"), plugin.create_mla_aware_cache
+        )
+
+    def test_only_argument_parsing_is_hooked(self):
+        # No wrapper on any cache method: the hot paths are SGLang's own.
+        ours = {
+            target
+            for target, hooks in HookRegistry._hooks.items()
+            for _, hook, _ in hooks
+            if getattr(hook, "__module__", None) == plugin.__name__
+        }
+        self.assertEqual(
+            ours, {SERVER_ARGS + "add_cli_args", SERVER_ARGS + "from_cli_args"}
+        )
 
     def test_register_is_idempotent(self):
-        register()
-        register()
-        self.test_entry_point_registers_policy_and_hooks()
+        plugin.register()
+        plugin.register()
+        self.test_entry_point_registers_policy_backend_and_flag()
+        hooks = HookRegistry._hooks[SERVER_ARGS + "add_cli_args"]
+        self.assertEqual(sum(h is plugin.add_flag for _, h, _ in hooks), 1)
 
-    def test_tree_hooks_register_once_each(self):
-        # A replay registers them per tree it builds, after the entry point did.
-        register_tree_hooks()
-        register_tree_hooks()
-        self.assertEqual(len(TREE_HOOKED), 5)
-        for target, hook in TREE_HOOKED.items():
-            hooks = [h for _, h, _ in HookRegistry._hooks[target] if h is hook]
-            self.assertEqual(len(hooks), 1, target)
+    def test_version_check(self):
+        for version in ("0.5.23", "0.5.23.post1", "0.5.23+cu129"):
+            self.assertEqual(plugin.check_sglang_version(version), version)
+        for version, shown in (
+            ("0.5.24", "0.5.24"),
+            ("0.5.22", "0.5.22"),
+            ("0.5.23rc1", "0.5.23rc1"),
+            ("not-a-version", "not-a-version"),
+        ):
+            with self.subTest(version), self.assertRaises(RuntimeError) as ctx:
+                plugin.check_sglang_version(version)
+            self.assertIn(f"found {shown}.", str(ctx.exception))
+            self.assertIn("sglang==0.5.23", str(ctx.exception))
+        missing = plugin.metadata.PackageNotFoundError("sglang")
+        with mock.patch.object(plugin.metadata, "version", side_effect=missing):
+            with self.assertRaises(RuntimeError) as ctx:
+                plugin.check_sglang_version()
+        self.assertIn("found no sglang.", str(ctx.exception))
 
 
 class TestServerArgs(CustomTestCase):
+    # prepare_server_args does not read the model at this stage.
+
     def test_cli_lists_the_flag(self):
         parser = argparse.ArgumentParser()
         ServerArgs.add_cli_args(parser)
         self.assertIn(FLAG, parser._option_string_actions)
         policy = parser._option_string_actions["--radix-eviction-policy"]
         self.assertIn("mla_aware", policy.choices)
-        self.assertIn(FLAG, parser.format_help())
 
-    def test_flag_selects_the_policy(self):
-        # prepare_server_args does not read the model at this stage.
+    def test_flag_selects_policy_and_backend(self):
         args = prepare_server_args(["--model-path", "dummy", FLAG])
         self.assertEqual(args.radix_eviction_policy, "mla_aware")
-        self.assertFalse(args._radix_eviction_policy_explicitly_set)
+        self.assertEqual(args.radix_cache_backend, "mla_aware")
+        stock = prepare_server_args(["--model-path", "dummy"])
         self.assertEqual(
-            prepare_server_args(["--model-path", "dummy"]).radix_eviction_policy, "lru"
+            (stock.radix_eviction_policy, stock.radix_cache_backend), ("lru", None)
         )
 
-    def test_flag_with_explicit_policy(self):
+    def test_policy_alone_selects_the_backend(self):
         args = prepare_server_args(
-            ["--model-path", "dummy", FLAG, "--radix-eviction-policy", "mla_aware"]
+            ["--model-path", "dummy", "--radix-eviction-policy", "mla_aware"]
         )
-        self.assertEqual(args.radix_eviction_policy, "mla_aware")
-        self.assertTrue(args._radix_eviction_policy_explicitly_set)
-        for policy in ("lru", "lfu"):
-            with self.subTest(policy=policy):
-                with self.assertRaises(ValueError) as ctx:
-                    prepare_server_args(
-                        ["--model-path", "dummy", FLAG, f"--radix-eviction-policy={policy}"]
-                    )
-                self.assertIn(FLAG, str(ctx.exception))
-                self.assertIn(policy, str(ctx.exception))
+        self.assertEqual(args.radix_cache_backend, "mla_aware")
+
+    def test_conflicts(self):
+        for argv, words in (
+            ([FLAG, "--radix-eviction-policy=lfu"], (FLAG, "lfu")),
+            ([FLAG, "--radix-eviction-policy", "lru"], (FLAG, "lru")),
+        ):
+            with self.subTest(argv), self.assertRaises(ValueError) as ctx:
+                prepare_server_args(["--model-path", "dummy", *argv])
+            for word in words:
+                self.assertIn(word, str(ctx.exception))
+
+    def test_policy_config_checked_when_arguments_are_parsed(self):
+        ok = prepare_server_args(
+            [
+                "--model-path",
+                "dummy",
+                FLAG,
+                "--radix-eviction-policy-config",
+                '{"learn_weight": false}',
+            ]
+        )
+        self.assertEqual(ok.radix_eviction_policy_config, {"learn_weight": False})
+        for config, key in (('{"hit_exponent": 2}', "hit_exponent"), ("[1]", "list")):
+            with self.subTest(config), self.assertRaises(PolicyConfigError) as ctx:
+                prepare_server_args(
+                    [
+                        "--model-path",
+                        "dummy",
+                        FLAG,
+                        "--radix-eviction-policy-config",
+                        config,
+                    ]
+                )
+            self.assertIn(key, str(ctx.exception))
 
     def test_launch_server_help_lists_the_flag(self):
         out = subprocess.run(
             [sys.executable, "-m", "sglang.launch_server", "--help"],
-            capture_output=True, text=True, timeout=180,
+            capture_output=True,
+            text=True,
+            timeout=300,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
@@ -145,75 +199,24 @@ class TestServerArgs(CustomTestCase):
         self.assertIn("mla_aware", out.stdout)
 
 
-class TestResolvePolicyParams(CustomTestCase):
-    def resolve(self, model, *, explicit, config=None, tp_size=8, kv_cache_dtype="auto",
-                host_copies=True):
-        params = cache_params(config=config)
-        resolve_policy_params(
-            params, hf_config=dict(PRESETS[model]) if isinstance(model, str) else model,
-            tp_size=tp_size, kv_cache_dtype=kv_cache_dtype, explicit=explicit,
-            host_copies=host_copies,
-        )
-        return params
-
-    def test_flag_keeps_lru_for_llama(self):
-        params = self.resolve("llama-3-70b", explicit=False)
-        self.assertEqual(params.eviction_policy, "lru")
-        self.assertIsNone(params.eviction_policy_config)
-        self.assertIsNone(params.tree_core_backend)
-
-    def test_explicit_policy_is_kept_for_llama(self):
-        params = self.resolve("llama-3-70b", explicit=True)
-        self.assertEqual(params.eviction_policy, "mla_aware")
-        self.assertEqual(params.tree_core_backend, "python")
-
-    def test_deepseek_gets_mla_aware_and_python_tree_core(self):
-        for model in ("deepseek-v3", "deepseek-v3.2"):
-            with self.subTest(model=model):
-                params = self.resolve(model, explicit=False, kv_cache_dtype="fp8_e4m3")
-                self.assertEqual(params.eviction_policy, "mla_aware")
-                self.assertEqual(params.tree_core_backend, "python")
-                cfg = params.eviction_policy_config
-                self.assertEqual(cfg["model"]["architectures"], PRESETS[model]["architectures"])
-                self.assertEqual((cfg["tp_size"], cfg["page_size"]), (8, 1))
-                self.assertEqual(cfg["kv_cache_dtype"], "fp8_e4m3")
-
-    def test_user_keys_win(self):
-        user = {"tp_size": 2, "hit_exponent": 2.0}
-        params = self.resolve("deepseek-v3", explicit=False, config=user)
-        self.assertEqual(params.eviction_policy_config["tp_size"], 2)
-        self.assertEqual(params.eviction_policy_config["hit_exponent"], 2.0)
-
-    def test_host_awareness_follows_host_copies(self):
-        with_host = self.resolve("deepseek-v3", explicit=False).eviction_policy_config
-        self.assertNotIn("host_aware", with_host)  # the policy's default: on
-        without = self.resolve("deepseek-v3", explicit=False, host_copies=False)
-        self.assertIs(without.eviction_policy_config["host_aware"], False)
-        forced = self.resolve("deepseek-v3", explicit=False, host_copies=False,
-                              config={"host_aware": True})
-        self.assertIs(forced.eviction_policy_config["host_aware"], True)
-
-    def test_unknown_model(self):
-        odd = {"model_type": "mystery"}
-        self.assertEqual(self.resolve(odd, explicit=False).eviction_policy, "lru")
-        with self.assertRaises(ModelConfigError):
-            self.resolve(odd, explicit=True)
-
-
-class TestCreateTreeCache(CustomTestCase):
-    """The hooked ``create_tree_cache`` builds a real UnifiedRadixCache on CPU."""
+class TestCacheBackend(CustomTestCase):
+    """The tree cache a server builds, through SGLang's create_tree_cache."""
 
     def tearDown(self):
         reset_context()
 
-    def build(self, model, policy="mla_aware", config=None):
+    def build(self, model, policy="mla_aware", backend="mla_aware", config=None):
         reset_context()
-        server_args = ServerArgs(model_path="dummy", device="cpu", radix_eviction_policy=policy)
+        server_args = ServerArgs(
+            model_path="dummy",
+            device="cpu",
+            radix_eviction_policy=policy,
+            radix_cache_backend=backend,
+        )
         publish(server_args, role="tokenizer")
-        params = cache_params(policy, config)
         ctx = registry.TreeCacheBuildContext(
             server_args=server_args,
-            params=params,
+            params=cache_params(policy, config),
             is_hybrid_swa=False,
             is_hybrid_ssm=False,
             enable_hierarchical_cache=False,
@@ -224,45 +227,91 @@ class TestCreateTreeCache(CustomTestCase):
             tp_rank=0,
             tp_group=None,
         )
-        return registry.create_tree_cache(ctx), params
+        return registry.create_tree_cache(ctx)
 
-    def test_deepseek_builds_python_core_with_mla_aware(self):
-        cache, _ = self.build("deepseek-v3")
+    def test_deepseek_gets_mla_aware_on_the_python_core(self):
+        with self.assertLogs(plugin.logger, "INFO") as logs:
+            cache = self.build("deepseek-v3", config={"learn_factor": False})
         self.assertIsInstance(cache, UnifiedRadixCache)
         self.assertEqual(cache._tree_core_backend, "python")
         strategy = cache.tree_core.eviction_strategy
         self.assertIsInstance(strategy, MLAAwareStrategy)
-        self.assertEqual(strategy.cost_model.tp_size, 8)
-        self.assertEqual(strategy.cost_model.bytes_per_token, 70_272)
-        self.assertFalse(strategy.host_aware)  # no HiCache: no host copies to look for
-        self.assertTrue(mla_victim_trim.trims(cache))
+        self.assertFalse(strategy.learn_factor)
+        cost = strategy.cost_model
+        # (512 + 64) x 2 B x 61 layers, the latent replicated on all 8 ranks.
+        self.assertEqual(
+            (cost.attention, cost.bytes_per_token), (AttentionKind.MLA, 70_272)
+        )
+        self.assertIsInstance(
+            cache.tree_core.components_by_type[ComponentType.FULL],
+            plugin.EvictionCallbackFullComponent,
+        )
+        self.assertIn("MLA attention, 70272 B/token per rank", logs.output[0])
 
-    def test_trimming_can_be_switched_off(self):
-        cache, _ = self.build("deepseek-v3", config={"trim_victims": False})
-        self.assertIsInstance(cache.tree_core.eviction_strategy, MLAAwareStrategy)
-        self.assertFalse(mla_victim_trim.trims(cache))
+    def test_other_attention_kinds_are_priced_too(self):
+        with self.assertLogs(plugin.logger, "INFO") as logs:
+            cache = self.build("llama-3-70b")
+        cost = cache.tree_core.eviction_strategy.cost_model
+        # 2 x ceil(8 kv heads / 8 ranks) x 128 x 2 B x 80 layers
+        self.assertEqual(
+            (cost.attention, cost.bytes_per_token), (AttentionKind.GQA, 40_960)
+        )
+        self.assertIn("GQA attention", logs.output[0])
 
-    def test_host_copies_follow_hicache(self):
-        reset_context()
-        publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-        self.assertTrue(_host_copies(SimpleNamespace(enable_hierarchical_cache=True)))
-        self.assertFalse(_host_copies(SimpleNamespace(enable_hierarchical_cache=False)))
-
-    def test_llama_keeps_lru(self):
-        # Stock LRU on the stock tree core (the compiled one where it loads).
-        cache, params = self.build("llama-3-8b")
+    def test_without_the_flag_the_cache_is_stock(self):
+        cache = self.build("deepseek-v3", policy="lru", backend=None)
         self.assertIsInstance(cache, UnifiedRadixCache)
-        self.assertEqual((params.eviction_policy, params.eviction_policy_config), ("lru", None))
-        self.assertIsNone(params.tree_core_backend)
-        if cache._tree_core_backend == "python":
-            self.assertIsInstance(cache.tree_core.eviction_strategy, LRUStrategy)
-        self.assertFalse(mla_victim_trim.trims(cache))
+        self.assertEqual(cache._tree_core_backend, "rust")
+        self.assertEqual(type(cache.tree_core).__name__, "RustUnifiedTreeCore")
 
-    def test_other_policies_untouched(self):
-        cache, params = self.build("deepseek-v3", policy="lfu")
-        self.assertEqual((params.eviction_policy, params.eviction_policy_config), ("lfu", None))
-        self.assertIsNone(params.tree_core_backend)
-        self.assertFalse(mla_victim_trim.trims(cache))
+    def test_backend_leaves_other_policies_alone(self):
+        cache = self.build("deepseek-v3", policy="lfu")
+        self.assertEqual(cache._tree_core_backend, "rust")
+
+
+class RecordingStrategy(LRUStrategy):
+    def __init__(self):
+        self.victims = []
+
+    def on_evict(self, node):
+        self.victims.append(tuple(node.key.token_ids))
+
+
+class TestEvictionCallback(CustomTestCase):
+    """EvictionCallbackFullComponent tells the strategy of each victim, in order."""
+
+    def test_victims_in_eviction_order(self):
+        params = cache_params("lru")
+        cost = KVCostModel.from_preset("deepseek-v3")
+        plugin.prepare_params(params, cost)
+        params.eviction_policy_config = None
+        params.tree_components = (ComponentType.FULL,)
+        cache = UnifiedRadixCache(params)
+        self.assertEqual(cache._tree_core_backend, "python")
+        recorder = cache.tree_core.eviction_strategy = RecordingStrategy()
+        allocator = params.token_to_kv_pool_allocator
+        for key in ((1, 2, 3), (1, 2, 4, 5), (7, 8)):
+            value = allocator.alloc(len(key))
+            cache.insert(InsertParams(key=RadixKey(array("q", key)), value=value))
+        # LRU: the oldest leaf first ([3] under [1, 2]), then [4, 5], then [7, 8].
+        cache.evict(EvictParams(num_tokens=3))
+        self.assertEqual(recorder.victims, [(3,), (4, 5)])
+        cache.evict(EvictParams(num_tokens=2))
+        self.assertEqual(recorder.victims, [(3,), (4, 5), (1, 2)])
+
+    def test_strategies_without_the_callback_still_work(self):
+        params = cache_params("lru")
+        plugin.prepare_params(params, KVCostModel.from_preset("deepseek-v3"))
+        params.eviction_policy_config = None
+        params.tree_components = (ComponentType.FULL,)
+        cache = UnifiedRadixCache(params)
+        self.assertFalse(hasattr(EvictionStrategy, "on_evict"))
+        value = params.token_to_kv_pool_allocator.alloc(2)
+        cache.insert(InsertParams(key=RadixKey(array("q", (1, 2))), value=value))
+        self.assertEqual(cache.evict(EvictParams(num_tokens=2)).num_tokens_evicted, 2)
+        self.assertIsInstance(
+            cache.tree_core.components_by_type[ComponentType.FULL], FullComponent
+        )
 
 
 if __name__ == "__main__":
