@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Site-packages of the venv, read when the recipe line runs (after the venv exists).
 SITE = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: bench test analyze clean
+.PHONY: bench bench-conversation bar-check test analyze clean
 
 $(STAMP): requirements/cpu.txt requirements/constraints.txt pyproject.toml tools/cpu_env/sglang_cpu_shims.py
 	$(PYTHON) -m venv $(VENV)
@@ -19,14 +19,27 @@ $(STAMP): requirements/cpu.txt requirements/constraints.txt pyproject.toml tools
 	touch $(STAMP)
 
 TRACE ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+CONVERSATION ?= ../shared/traces/mooncake_conversation_trace.jsonl
 RESULTS := docs/results
 
 ## make bench: set up on first use, then compare the eviction policies on the shipped trace
+## (one replay at a time, so that the cache CPU column is measured on an otherwise idle core)
 bench: $(STAMP)
 	$(PY) -m sglang.srt.mem_cache.latent_cache_analyzer --model deepseek-v3 --gpu-memory 80GB --weights 40GB --tp 8
-	$(PY) benchmark/mla_eviction/replay.py --trace $(TRACE) \
+	$(PY) benchmark/mla_eviction/replay.py --trace $(TRACE) --jobs 1 \
 		--json $(RESULTS)/mooncake_timed.json --markdown $(RESULTS)/mooncake_timed.md \
 		--plot $(RESULTS)/mooncake_timed.png
+
+## make bench-conversation: the same on Mooncake's conversation trace (real chat sessions)
+bench-conversation: $(STAMP)
+	$(PY) benchmark/mla_eviction/replay.py --trace $(CONVERSATION) --jobs 1 \
+		--json $(RESULTS)/conversation.json --markdown $(RESULTS)/conversation.md \
+		--plot $(RESULTS)/conversation.png
+
+## make bar-check: the acceptance checks, with run-to-run spread and the ablation (long)
+bar-check: $(STAMP)
+	$(PY) benchmark/mla_eviction/bar_check.py \
+		--variant no-factor='{"learn_factor": false}' --variant no-weight='{"learn_weight": false}'
 
 ## make test: every test, on CPU
 test: $(STAMP)
