@@ -8,7 +8,9 @@ table and a hit-rate-vs-capacity chart. Built-in policies run on the tree core a
 for (``--tree-core``, SGLang's default ``rust``); ``mla_aware``, the published peers
 (``gdsf``, ``s3fifo``, ``lhd``) and Belady's offline bound ``optimal`` run on the Python
 tree core, and every row says which. Bad input exits with status 2 and one line naming
-the option, file, line or field; nothing is written then.
+the option, file, line or field; nothing is written then. The outputs are written
+together: a failure while writing them (exit status 1) leaves none of them changed and
+no temporary file behind.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import os
 import stat
 import sys
 import tempfile
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -38,8 +41,13 @@ class UsageError(Exception):
     """A bad option or input file: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, like the other errors
+        self.exit(2, f"replay.py: error: {message}\n")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _Parser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", help=f"Mooncake-format JSONL (default {DEFAULT_TRACE})")
     src.add_argument("--workload", help="generator: chat, few-shot, multi-turn, gsp")
@@ -226,6 +234,7 @@ def plan(args, trace, cost):
     from simulator import ReplayConfig, known_policies
 
     from sglang.srt.mem_cache.mla_aware_policy import PolicyConfig, PolicyConfigError
+    from sglang.srt.mem_cache.mla_cost_model import Calibration, ModelConfigError
 
     init_process()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -239,10 +248,12 @@ def plan(args, trace, cost):
     if args.policy_config is not None:
         try:
             config = json.loads(args.policy_config)
-            PolicyConfig.parse(config)
+            calibration = PolicyConfig.parse(config).calibration
+            if calibration is not None:
+                Calibration.load(calibration)
         except json.JSONDecodeError as e:
             raise UsageError(f"--policy-config: not JSON: {e}") from None
-        except PolicyConfigError as e:
+        except (PolicyConfigError, ModelConfigError) as e:
             raise UsageError(f"--policy-config: {e}") from None
     return [
         ReplayConfig(
@@ -413,23 +424,38 @@ def plot(results: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def write_output(path: str, write) -> None:
-    """``write(tmp_path)`` then move the file into place; no temporary file is left
-    behind on failure."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
-    )
-    os.close(fd)
+def write_outputs(outputs: list) -> None:
+    """Each ``(flag, path, write)`` in ``outputs``: ``write(tmp_path)`` into a temporary
+    file beside ``path``, then, once every one succeeded, the files move into place.
+    On failure no target is touched, no temporary file is left behind, and OSError
+    names the flag and path at fault."""
+    umask = os.umask(0)
+    os.umask(umask)
+    done: list[tuple[str, Path]] = []
     try:
-        write(tmp)
-        os.replace(tmp, target)
+        for flag, path, write in outputs:
+            target = Path(path)
+            try:
+                fd, tmp = tempfile.mkstemp(
+                    dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+                )
+                os.close(fd)
+                done.append((tmp, target))
+                write(tmp)
+                os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would create it
+            except Exception as e:
+                raise OSError(f"{flag} {path}: {e}") from e
+        for tmp, target in done:
+            os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp, _ in done:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def main(argv=None) -> int:
+    # SGLang's CPU-only import warnings (AWQ, GGUF) say nothing about a replay.
+    warnings.filterwarnings("ignore", message=r"Only .* support", category=UserWarning)
     args = parse_args(argv)
     try:
         trace, cost, configs = prepare(args)
@@ -457,13 +483,17 @@ def main(argv=None) -> int:
         "model": cost.name,
         "results": results,
     }
-    if args.json_path:
-        text = json.dumps(payload, indent=2) + "\n"
-        write_output(args.json_path, lambda tmp: Path(tmp).write_text(text))
-    if args.markdown:
-        write_output(args.markdown, lambda tmp: Path(tmp).write_text(table + "\n"))
-    if args.plot:
-        write_output(args.plot, lambda tmp: plot(results, tmp, header.replace("*", "")))
+    text = json.dumps(payload, indent=2) + "\n"
+    outputs = [
+        ("--json", args.json_path, lambda tmp: Path(tmp).write_text(text)),
+        ("--markdown", args.markdown, lambda tmp: Path(tmp).write_text(table + "\n")),
+        ("--plot", args.plot, lambda tmp: plot(results, tmp, header.replace("*", ""))),
+    ]
+    try:
+        write_outputs([o for o in outputs if o[1] is not None])
+    except OSError as e:
+        print(f"replay.py: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,12 +12,17 @@ Keys are paged: one key element stands for one page of ``page_size`` tokens, the
 runs with ``page_size=1`` and the allocator counts pages (SGLang's paged tree stores,
 matches and evicts only whole pages, so the tree behaves the same with 1/page of the
 index work). Element ids come from the trace's block ids: page ``j`` of block ``h`` is
-``h * pages_per_block + j + 1``; a page of output or of a partial block gets an id no
-other request has (the trace does not say what the output was).
+``h * pages_per_block + j + 1``, for every page that the block's tokens fill; the
+partial last page of a prompt and every page of output get ids no other request has
+(``OUTPUT_ID_BASE`` and up, from a counter: the trace does not say what the output
+was), unless ``sequence_hash_ids`` says a later prompt holds that content. As SGLang's
+scheduler does (``max_prefix_len = input_len - 1``), a request matches at most
+``(input_length - 1) // page_size`` pages: the last prompt token is always computed.
 
 Strategies that learn from ``on_evict`` (``mla_aware`` and the peers) run on the Python
 tree core with the plugin's eviction callback, as in a server; built-ins run on the tree
-core asked for. ``optimal`` is Belady's offline bound.
+core asked for, unless SGLang falls back to the Python one (the row's ``tree_core`` says
+which ran). ``optimal`` is Belady's offline bound.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from peers import PEERS
-from traces import Request, Trace
+from traces import ID_LIMIT, Request, Trace
 
 from sglang.srt.mem_cache.base_prefix_cache import (
     EvictParams,
@@ -44,13 +49,16 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 from sglang.srt.mem_cache.mla_aware_policy import POLICY_NAME, MLAAwareStrategy
-from sglang.srt.mem_cache.mla_cost_model import KVCostModel
-from sglang.srt.mem_cache.mla_eviction_plugin import prepare_params
+from sglang.srt.mem_cache.mla_cost_model import Calibration, KVCostModel
+from sglang.srt.mem_cache.mla_eviction_plugin import prepare_params, register
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
 
 OPTIMAL = "optimal"
-OUTPUT_ID_BASE = 1 << 48  # element ids from here on: pages no later prompt holds
+# Element ids from here on: pages no later prompt holds. Content ids stay below it:
+# ID_LIMIT * pages_per_block < 2**62 for any block of up to 2**22 pages.
+OUTPUT_ID_BASE = 1 << 62
+TREE_CORES = ("rust", "python")
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,9 @@ class ReplayConfig:
     capacity_tokens: int
     page_size: int = 64
     tree_core: str = "python"  # asked for; strategies with on_evict need "python"
-    policy_config: Optional[dict] = None  # user keys for mla_aware
+    # user keys for mla_aware (PolicyConfig); a "calibration" file is loaded into the
+    # policy's cost model (the accounting keeps the replay's)
+    policy_config: Optional[dict] = None
     decode_s_per_token: float = 0.02
     capacity_fraction: Optional[float] = None
     capacity_label: str = ""
@@ -150,28 +160,44 @@ def needs_python_core(policy: str) -> bool:
 
 def known_policies() -> list[str]:
     """SGLang's registry (with ``mla_aware``), the peers and the bound."""
+    register()  # idempotent: mla_aware joins SGLang's registry
     return [*_EVICTION_POLICY_FACTORIES, *PEERS, OPTIMAL]
 
 
 class Replayer:
-    """One (trace, policy, capacity) replay; :meth:`run` returns a ReplayResult."""
+    """One (trace, policy, capacity) replay; :meth:`run` returns a ReplayResult.
+
+    Raises ValueError for an unknown policy or tree core, a page size below 1 or not
+    dividing the trace's block size, or a capacity below one page.
+    """
 
     def __init__(self, trace: Trace, cost_model: KVCostModel, config: ReplayConfig):
-        if trace.block_size % config.page_size:
+        page = config.page_size
+        if type(page) is not int or page < 1 or trace.block_size % page:
             raise ValueError(
-                f"page size {config.page_size} must divide block size "
+                f"page size {page!r} must be an integer >= 1 dividing block size "
                 f"{trace.block_size}"
             )
+        if ID_LIMIT * (trace.block_size // page) >= OUTPUT_ID_BASE:
+            raise ValueError(f"block size {trace.block_size}: too many pages per block")
+        if config.policy not in known_policies():
+            raise ValueError(f"unknown policy {config.policy!r}")
+        if config.tree_core not in TREE_CORES:
+            raise ValueError(f"tree core must be one of {TREE_CORES}")
         self.trace, self.cfg, self.cost = trace, config, cost_model
-        self.unit = config.page_size
-        self.pages_per_block = trace.block_size // self.unit
+        self.unit = page
+        self.pages_per_block = trace.block_size // page
         self.future = FutureIndex(trace) if config.policy == OPTIMAL else None
+        self._next_own_id = OUTPUT_ID_BASE
         self.cache, self.allocator, core = self._build_cache()
         self.result = ReplayResult(config, tree_core=core)
 
     def _build_cache(self) -> tuple[Any, Any, str]:
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_cache.tree_core_registry import (
+            select_tree_core_backend,
+        )
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
         pages = self.cfg.capacity_tokens // self.unit
@@ -199,19 +225,28 @@ class Replayer:
             tree_core_backend="python" if python else self.cfg.tree_core,
         )
         if python:
-            prepare_params(params, self.cost, key_unit_tokens=self.unit)
+            prepare_params(params, self._policy_cost(), key_unit_tokens=self.unit)
         if policy != POLICY_NAME:
             params.eviction_policy_config = None
+        # What SGLang will run (it may fall back to Python), reported per row.
+        params.tree_core_backend = select_tree_core_backend(params)
         cache = UnifiedRadixCache(params)
         if policy in PEERS:
             cache.tree_core.eviction_strategy = PEERS[policy](self.cost, self.unit)
         elif policy == OPTIMAL:
             strategy = BeladyStrategy(self.future, self.pages_per_block)
             cache.tree_core.eviction_strategy = strategy
-        core = "python" if python else self.cfg.tree_core
-        return cache, allocator, core
+        return cache, allocator, params.tree_core_backend
 
-    def _pages(self, idx: int, req: Request, num_tokens: int) -> np.ndarray:
+    def _policy_cost(self) -> KVCostModel:
+        """The cost model the policy prices with: the replay's, calibrated as the
+        policy config says (as the plugin builds it for a server)."""
+        path = (self.cfg.policy_config or {}).get("calibration")
+        if self.cfg.policy != POLICY_NAME or path is None:
+            return self.cost
+        return self.cost.with_setup(calibration=Calibration.load(path))
+
+    def _pages(self, req: Request, num_tokens: int) -> np.ndarray:
         """Element ids of the first ``ceil(num_tokens / unit)`` pages of the sequence."""
         n_pages = -(-num_tokens // self.unit)
         if req.sequence_hash_ids:  # a later prompt holds this output: known content
@@ -223,8 +258,10 @@ class Replayer:
         p = np.arange(min(n_pages, content), dtype=np.int64)
         ids = np.asarray(blocks, dtype=np.int64)[p // ppb] * ppb + p % ppb + 1
         if n_pages > len(p):
-            own = np.arange(len(p), n_pages, dtype=np.int64)
-            ids = np.concatenate([ids, OUTPUT_ID_BASE + (idx << 24) + own])
+            start = self._next_own_id
+            self._next_own_id += n_pages - len(p)
+            own = np.arange(start, self._next_own_id, dtype=np.int64)
+            ids = np.concatenate([ids, own])
         return ids
 
     def run(self, progress=None) -> ReplayResult:
@@ -253,6 +290,8 @@ class Replayer:
                 idx, req = queue[0]
                 state = self._admit(idx, req, now)
                 if state is None:
+                    if not events and arrival is None:  # nothing will free memory
+                        raise RuntimeError(f"request {idx} can never be admitted")
                     break
                 queue.popleft()
                 if state is _REJECTED:
@@ -296,12 +335,14 @@ class Replayer:
         r = self.result
         if self.future is not None:
             self.future.now = idx
-        pages = self._pages(idx, req, req.input_length + req.output_length)
+        pages = self._pages(req, req.input_length + req.output_length)
         if len(pages) > self.allocator.size:
             r.requests += 1
             r.rejected += 1
             return _REJECTED
-        key = RadixKey(array("q", pages[: -(-req.input_length // self.unit)].tobytes()))
+        # SGLang matches at most input_len - 1 tokens (the last one is computed).
+        matchable = max(req.input_length - 1, 0) // self.unit
+        key = RadixKey(array("q", pages[:matchable].tobytes()))
         match = self._timed(self.cache.match_prefix, MatchPrefixParams(key=key))
         prefix = match.device_prefix_len
         lock = self._timed(self.cache.lock, match.last_device_node)
