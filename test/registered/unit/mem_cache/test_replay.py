@@ -1,489 +1,365 @@
-"""Tests for benchmark/mla_eviction/replay.py and simulator.py on SGLang's real caches."""
+"""Tests for benchmark/mla_eviction/replay.py and simulator.py on SGLang's real cache.
 
-import argparse
+Hand-made traces whose hits, FLOPs and rejections are worked out below from the
+simulator's rules (DeepSeek-V3, 512-token blocks, 64-token pages; a request matches at
+most ``(input_length - 1) // 64`` pages, as SGLang's scheduler does), small generated
+workloads for determinism and the bound, and every bad command line.
+"""
+
 import contextlib
+import importlib
 import io
 import json
-import math
 import os
+import stat
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
-import numpy as np
-
+from sglang.srt.mem_cache.mla_cost_model import KVCostModel
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 
-_REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(_REPO / "benchmark" / "mla_eviction"))
+_BENCH = Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction"
+sys.path.insert(0, str(_BENCH))
+replay = importlib.import_module("replay")
+simulator = importlib.import_module("simulator")
+traces = importlib.import_module("traces")
 
-import replay  # noqa: E402
-from simulator import Replayer, ReplayConfig, TickClock, median_make_up  # noqa: E402
-from traces import Request, Trace, load_mooncake_trace  # noqa: E402
+V3 = KVCostModel.from_preset("deepseek-v3", page_size=64)
+PAGE_BYTES = 64 * 70_272  # one 64-token page of DeepSeek-V3's bf16 latent
+POOL_16_PAGES = str(16 * PAGE_BYTES)  # --capacity in bytes: a pool of 16 pages
 
-from sglang.srt.mem_cache import mla_victim_trim  # noqa: E402
-from sglang.srt.mem_cache.mla_cost_model import KVCostModel  # noqa: E402
 
-SHIPPED_TRACE = _REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+def flops(n: int) -> float:
+    """Prefill FLOPs of positions [0, n) by the cost model's formula (MLA: no window
+    and no indexer): 2 * active_params per token, attention per attended position."""
+    return 2 * V3.active_params * n + V3.attention_flops_per_position * n * (n + 1) / 2
 
 
 def run_replay(*argv):
-    """(exit status, stdout, stderr) of replay.main(argv)."""
+    """(exit status, stdout, stderr) of replay.main(argv), in this process."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = replay.main(["--no-progress", "--jobs", "1", *argv])
+        try:
+            status = replay.main(["--no-progress", "--jobs", "1", *argv])
+        except SystemExit as e:  # argparse's own errors
+            status = e.code
     return status, out.getvalue(), err.getvalue()
 
 
-def write_trace(path: Path, rows) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def line(ms, input_length, hash_ids, output_length=10):
+    return {
+        "timestamp": ms,
+        "input_length": input_length,
+        "output_length": output_length,
+        "hash_ids": hash_ids,
+    }
 
 
-# Two conversations sharing a 2-block document, 512-token blocks.
-FIXTURE = [
-    {"timestamp": 0, "input_length": 1500, "output_length": 10, "hash_ids": [0, 1, 2]},
-    {"timestamp": 100, "input_length": 1300, "output_length": 10, "hash_ids": [0, 1, 3]},
-    {"timestamp": 5000, "input_length": 2000, "output_length": 10, "hash_ids": [0, 1, 2, 4]},
-    {"timestamp": 9000, "input_length": 600, "output_length": 10, "hash_ids": [5, 6]},
+# A pool of 16 pages. Request 1 (600 tokens + 10 out = 10 pages) leaves its 9 full
+# prompt pages; request 2, the same prompt, hits all 9 (576 tokens). Request 3 needs
+# ceil(1110 / 64) = 18 pages > 16: rejected. Request 4 (640 + 10 = 11 pages) finds 7
+# free, evicts the 9-page leaf of requests 1-2 (its shortfall is 4; leaves go whole) and
+# leaves 10 pages; request 5, the same page-aligned prompt, hits (640 - 1) // 64 = 9
+# pages, not 10: the last prompt token is always computed.
+HAND = [
+    line(0, 600, [0, 1]),
+    line(10_000, 600, [0, 1]),
+    line(20_000, 1100, [7, 8, 9]),
+    line(30_000, 640, [3, 4]),
+    line(40_000, 640, [3, 4]),
+]
+HAND_PROMPT = 600 + 600 + 640 + 640  # the rejected request's prompt does not count
+HAND_HIT = 576 + 576
+
+# Ids past 64 bits: 2**64 + 1 is not 1. Request 3 repeats request 1: a real hit.
+WIDE = [
+    line(0, 600, [2**64 + 1, 2**64 + 2]),
+    line(10_000, 600, [1, 2]),
+    line(20_000, 600, [2**64 + 1, 2**64 + 2]),
 ]
 
 
-class TestReplayCli(CustomTestCase):
+class _TempDir(CustomTestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.dir = Path(self.tmp.name)
-        self.trace = write_trace(self.dir / "t.jsonl", FIXTURE)
 
     def tearDown(self):
         self.tmp.cleanup()
 
-    def test_sequential_hits_on_fixture_are_exact(self):
-        # Everything fits: request 2 reuses blocks 0,1; request 3 reuses 0,1,2 (in
-        # the block model an id is its content, partial in request 1 or not).
-        out = self.dir / "r.json"
-        status, stdout, _ = run_replay(
-            "--trace", str(self.trace), "--mode", "sequential", "--capacity", "100%",
-            "--policies", "lru", "--json", str(out),
-        )
-        self.assertEqual(status, 0)
-        r = json.loads(out.read_text())["results"][0]
-        self.assertEqual(r["requests"], 4)
-        self.assertEqual(r["block_hit_rate"], 5 / 12)
-        self.assertIn("| lru | 100% |", stdout)
+    def trace(self, rows, name="t.jsonl") -> str:
+        path = self.dir / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
 
-    def test_json_fields_and_bound_label(self):
-        out = self.dir / "r.json"
-        status, stdout, _ = run_replay(
-            "--trace", str(self.trace), "--capacity", "50%,100%",
-            "--policies", "lru,mla_aware,optimal", "--json", str(out),
+    def replay_json(self, *argv):
+        out = self.dir / "out.json"
+        status, stdout, err = run_replay(*argv, "--json", str(out))
+        self.assertEqual(status, 0, err)
+        return json.loads(out.read_text()), stdout
+
+
+class TestHandTrace(_TempDir):
+    def test_hits_rejections_and_flops_are_exact(self):
+        data, stdout = self.replay_json(
+            "--trace",
+            self.trace(HAND),
+            "--capacity",
+            POOL_16_PAGES,
+            "--policies",
+            "lru,mla_aware,optimal",
         )
-        self.assertEqual(status, 0)
-        data = json.loads(out.read_text())
-        self.assertEqual(len(data["results"]), 6)
+        self.assertIsNone(V3.attention_window)
+        self.assertEqual(V3.indexer_flops_per_position, 0)
+        flop_rate = 2 * flops(576) / (2 * flops(600) + 2 * flops(640))
         for r in data["results"]:
-            for key in ("policy", "capacity_fraction", "token_hit_rate", "flop_hit_rate",
-                        "ttft_p50_s", "ttft_p99_s", "cpu_us_per_request", "evictions"):
-                self.assertIn(key, r)
-            for key in ("token_hit_rate", "flop_hit_rate"):
-                self.assertTrue(0 <= r[key] <= 1, (key, r[key]))
-            self.assertEqual(r["is_bound"], r["policy"] == "optimal")
-            if r["policy"] == "mla_aware":  # what its learning ended with
-                learnt = r["learnt"]
-                self.assertTrue(0.25 <= learnt["weight"] <= 3, learnt)
-                self.assertTrue(0 <= learnt["log_factor"] <= math.log(1000), learnt)
-                self.assertEqual(len(learnt["returned_proven_probationary"]), 2)
-                # Every victim judged young or old came back, so was counted first.
-                self.assertLessEqual(sum(learnt["returned_young_old"]),
-                                     sum(learnt["returned_proven_probationary"]))
-            else:
-                self.assertIsNone(r["learnt"])
-        self.assertIn("optimal (offline bound)", stdout)
-        self.assertEqual({r["capacity_fraction"] for r in data["results"]}, {0.5, 1.0})
+            with self.subTest(policy=r["policy"]):
+                self.assertEqual(r["capacity_tokens"], 16 * 64)
+                self.assertEqual((r["requests"], r["rejected"]), (5, 1))
+                self.assertEqual(r["token_hit_rate"], HAND_HIT / HAND_PROMPT)
+                self.assertAlmostEqual(r["flop_hit_rate"] / flop_rate, 1.0, delta=1e-12)
+                self.assertEqual((r["evictions"], r["evicted_tokens"]), (1, 9 * 64))
+        self.assertIn("1 request(s) larger than the whole pool were rejected.", stdout)
 
-    def test_same_seed_same_json(self):
-        def once(name):
-            out = self.dir / name
-            status, _, _ = run_replay(
-                "--workload", "multi-turn", "--num-requests", "150", "--seed", "3",
-                "--capacity", "5%,25%", "--policies", "lru,mla_aware,optimal",
-                "--json", str(out),
-            )
-            self.assertEqual(status, 0)
-            data = json.loads(out.read_text())
-            for r in data["results"]:
-                r.pop("cpu_us_per_request")  # a wall-clock measurement
-            return data
-
-        self.assertEqual(once("a.json"), once("b.json"))
-
-    def test_legacy_tree_runs_on_replay_ticks_not_wall_time(self):
-        """RadixCache stamps nodes with time.monotonic(); a replay gives it a tick clock,
-        so nothing reads wall time and two runs agree (mla_aware scores by age)."""
-        def once(name):
-            out = self.dir / name
-            with mock.patch("time.monotonic", side_effect=AssertionError("wall clock read")):
-                status, _, err = run_replay(
-                    "--workload", "multi-turn", "--num-requests", "150", "--seed", "3",
-                    "--capacity", "5%", "--policies", "lru,mla_aware", "--host-tier", "4x",
-                    "--json", str(out),
-                )
-            self.assertEqual(status, 0, err)
-            data = json.loads(out.read_text())
-            for r in data["results"]:
-                self.assertEqual(r["cache"], "radix")
-                r.pop("cpu_us_per_request")
-            return data
-
-        self.assertEqual(once("a.json"), once("b.json"))
-        from sglang.srt.mem_cache import radix_cache
-
-        self.assertIs(radix_cache.time, time)
-
-    def test_per_read_clock_moves_at_every_read_within_its_tick(self):
-        clock = TickClock(per_read=True)
-        clock.advance()
-        reads = [clock.monotonic() for _ in range(1000)]
-        self.assertEqual(sorted(set(reads)), reads)
-        self.assertTrue(1.0 < reads[0] and reads[-1] < 2.0)
-        clock.advance()
-        self.assertLess(reads[-1], clock.monotonic())
-        ticks = TickClock()  # the default clock stands still between advances
-        self.assertEqual(ticks.monotonic(), ticks.monotonic())
-
-    def test_plot_and_markdown_written(self):
-        png, md = self.dir / "p.png", self.dir / "t.md"
-        status, _, _ = run_replay(
-            "--trace", str(self.trace), "--capacity", "50%,100%", "--policies", "lru,optimal",
-            "--plot", str(png), "--markdown", str(md),
+    def test_a_rejected_request_is_counted_on_a_trace_of_only_it(self):
+        data, stdout = self.replay_json(
+            "--trace",
+            self.trace([HAND[2]]),
+            "--capacity",
+            POOL_16_PAGES,
+            "--policies",
+            "lru",
         )
-        self.assertEqual(status, 0)
-        self.assertEqual(png.read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
-        self.assertIn("| optimal (offline bound) |", md.read_text())
+        r = data["results"][0]
+        self.assertEqual((r["requests"], r["rejected"], r["token_hit_rate"]), (1, 1, 0))
+        self.assertIsNone(r["ttft_p50_s"])
+        self.assertIn("1 request(s) larger than the whole pool", stdout)
 
-    def test_bad_input_exits_2_names_file_line_field_and_writes_nothing(self):
-        cases = {
-            "malformed": ('{"timestamp": 0,', ":1: malformed JSON"),
-            "missing": ('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}', ":1: field 'output_length'"),
-            "negative": ('{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}', ":1: field 'input_length'"),
-            "inconsistent": ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}', ":1: field 'hash_ids'"),
-            "backwards": ('{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
-                          '{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": [2]}', ":2: field 'timestamp'"),
-            "empty": ("", "empty trace"),
-        }
-        for name, (text, fragment) in cases.items():
-            with self.subTest(name):
-                path = self.dir / f"{name}.jsonl"
-                path.write_text(text)
-                out = self.dir / f"{name}.json"
-                status, stdout, stderr = run_replay("--trace", str(path), "--json", str(out))
-                self.assertEqual(status, 2)
-                self.assertIn(str(path) + fragment if fragment.startswith(":") else fragment, stderr)
-                self.assertNotIn("Traceback", stderr)
-                self.assertEqual(stdout, "")
-                self.assertFalse(out.exists())
+    def test_ids_past_64_bits_do_not_alias(self):
+        data, _ = self.replay_json(
+            "--trace", self.trace(WIDE), "--capacity", "100%", "--policies", "lru"
+        )
+        r = data["results"][0]
+        self.assertEqual(r["capacity_tokens"], 4 * 512)  # 4 distinct blocks
+        self.assertEqual(r["token_hit_rate"], 576 / 1800)
 
-    def test_bad_flags_exit_2(self):
-        for argv, fragment in (
-            (["--capacity", "0%"], "--capacity '0%'"),
-            (["--capacity", "lots"], "--capacity"),
-            (["--policies", "nope"], "unknown policy 'nope'"),
-            (["--page-size", "3"], "--page-size 3 must divide"),
-            (["--policy-config", '{"bogus": 1}'], "'bogus'"),
-            (["--model", "gpt-17"], "--model"),
-            (["--clock", "per-read"], "--clock per-read needs --cache radix"),
-        ):
-            with self.subTest(argv):
-                status, _, stderr = run_replay("--trace", str(self.trace), *argv)
-                self.assertEqual(status, 2)
-                self.assertIn(fragment, stderr)
+    def test_tree_core_per_row(self):
+        trace = self.trace(HAND[:2])
+        policies = "lru,fifo,mla_aware,gdsf,optimal"
+        data, stdout = self.replay_json(
+            "--trace", trace, "--capacity", "100%", "--policies", policies
+        )
+        cores = {r["policy"]: r["tree_core"] for r in data["results"]}
+        self.assertEqual(
+            cores,
+            {
+                "lru": "rust",
+                "fifo": "rust",
+                "mla_aware": "python",
+                "gdsf": "python",
+                "optimal": "python",
+            },
+        )
+        self.assertIn("| lru | rust | 100% |", stdout)
+        data, _ = self.replay_json(
+            "--trace", trace, "--capacity", "100%", "--policies", "lru",
+            "--tree-core", "python",
+        )  # fmt: skip
+        self.assertEqual(data["results"][0]["tree_core"], "python")
 
-    def test_memory_capacity_goes_through_the_cost_model(self):
-        trace = load_mooncake_trace(self.trace)
-        args = replay.parse_args(["--trace", str(self.trace), "--capacity", "80GB", "--weights", "40GB"])
-        cost = replay.build_cost_model(args)
-        [(label, share, tokens)] = replay.parse_capacities("80GB", args, trace, cost)
-        self.assertEqual((label, share), ("80GB", None))
-        self.assertEqual(tokens, 40_000_000_000 // (64 * 70272) * 64)
-
-
-class TestToolInputs(CustomTestCase):
-    """replay.tool_inputs: the set-up the single-policy tools share."""
-
-    SOURCE = ["--workload", "chat", "--num-requests", "20", "--capacity", "5%"]
-
-    def inputs(self, *argv, check=None):
-        own = argparse.ArgumentParser(add_help=False)
-        own.add_argument("--runs", type=int, default=1)
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            got = replay.tool_inputs("tool.py", "the tool's doc", own, list(argv),
-                                     policy="the tool's policy", check=check)
-        return got, out.getvalue(), err.getvalue()
-
-    def test_options_trace_cost_and_configs(self):
-        (own, trace, cost, configs), _, _ = self.inputs(*self.SOURCE, "--runs", "3")
-        self.assertEqual(own.runs, 3)
-        self.assertEqual(len(trace.requests), 20)
-        self.assertIsInstance(cost, KVCostModel)
-        self.assertEqual([(c.policy, c.capacity_label) for c in configs], [("mla_aware", "5%")])
-
-    def test_help_prints_the_doc(self):
-        for flag in ("-h", "--help"):
-            with self.subTest(flag=flag):
-                self.assertEqual(self.inputs(flag)[:2], (0, "the tool's doc\n"))
-
-    def test_bad_arguments_exit_2_naming_the_tool(self):
-        def check(own):
-            if own.runs < 1:
-                raise replay.UsageError("--runs must be >= 1")
-
-        for argv, message in ((["--runs", "x"], "argument --runs: invalid int value"),
-                              (["--runs", "0"], "tool.py: error: --runs must be >= 1"),
-                              (["--policies", "lru"], "tool.py: error: --policies/--policy-config:"
-                                                     " this tool replays the tool's policy")):
-            with self.subTest(argv=argv):
-                status, _, err = self.inputs(*self.SOURCE, *argv, check=check)
-                self.assertEqual(status, 2)
-                self.assertIn(message, err)
-
-
-class TestSimulatorInvariants(CustomTestCase):
-    def test_pool_accounting_after_every_request(self):
-        """free + cached + held by running requests == pool, on both trees, with and without
-        victims trimmed to the shortfall."""
-        trace = load_mooncake_trace(SHIPPED_TRACE, limit=300)
-        cost = KVCostModel.from_preset("deepseek-v3")
-        whole_surplus = None
-        for cache, trim in (("unified", "none"), ("unified", "all"), ("radix", "none"), ("radix", "all")):
-            with self.subTest(cache=cache, trim=trim):
-                r = Replayer(trace, cost, ReplayConfig(
-                    policy="lru", capacity_tokens=300_000, cache=cache, trim=trim,
-                ))
-                checked = []
-
-                def check():
-                    alloc, tree = r.allocator, r.cache
-                    cached = tree.evictable_size() + tree.protected_size()
-                    checked.append(alloc.available_size() + cached <= alloc.size)
-
-                r.run(progress=check)
-                self.assertTrue(all(checked))
-                # All requests done: nothing held outside the tree.
-                self.assertEqual(
-                    r.allocator.available_size() + r.cache.evictable_size() + r.cache.protected_size(),
-                    r.allocator.size,
-                )
-                self.assertEqual(r.cache.protected_size(), 0)
-                result = r.result
+    def test_pool_accounting_holds_after_a_replay(self):
+        trace = traces.generate_workload("chat", num_requests=120, seed=1)
+        for policy in ("lru", "mla_aware", "optimal"):
+            config = simulator.ReplayConfig(policy, capacity_tokens=64 * 100)
+            r = simulator.Replayer(trace, V3, config)
+            result = r.run()
+            with self.subTest(policy=policy):
+                cached = r.cache.evictable_size() + r.cache.protected_size()
+                self.assertEqual(r.cache.protected_size(), 0)  # nothing is running
+                self.assertEqual(r.allocator.available_size() + cached, 100)
+                self.assertEqual(result.requests, 120)
                 self.assertGreater(result.evictions, 0)
-                self.assertGreater(result.shortfall_tokens, 0)
-                self.assertEqual(result.evicted_tokens % r.cfg.page_size, 0)
-                self.assertLessEqual(result.shortfall_tokens, result.evicted_tokens)
-                surplus = result.evicted_tokens - result.shortfall_tokens  # in tokens
-                # Only the unified tree without a host tier trims.
-                self.assertEqual(result.trimmed, cache == "unified" and trim == "all")
-                if result.trimmed:  # less than 1 % of the pool over the ask, per eviction
-                    bound = mla_victim_trim.MIN_SURPLUS_SHARE * r.cfg.capacity_tokens
-                    self.assertLess(surplus, result.evictions * bound)
-                    self.assertLess(surplus, whole_surplus)  # the same tree freeing whole victims
-                else:  # whole nodes: more than a page each (the tree counts pages)
-                    self.assertGreater(result.evicted_tokens, result.evictions * r.cfg.page_size)
-                    whole_surplus = surplus
+
+    def test_replayer_refuses_what_it_cannot_run(self):
+        trace = traces.Trace("t", 512, ())
+        config = simulator.ReplayConfig
+        for bad, message in (
+            (config("nope", 640), "unknown policy"),
+            (config("lru", 640, tree_core="go"), "tree core"),
+            (config("lru", 640, page_size=100), "page size"),
+            (config("lru", 63), "below one page"),
+        ):
+            with self.subTest(config=bad):
+                with self.assertRaisesRegex(ValueError, message):
+                    simulator.Replayer(trace, V3, bad)
 
 
-class TestTtftMakeUp(CustomTestCase):
-    def test_median_band_is_the_middle_one_percent_by_ttft(self):
-        # 401 requests, TTFT (i + 1) ** 2 s, in no order: ranks 198..202 (n // 2 +- n // 200),
-        # whose mean recompute is 200 ** 2 + mean((-2..2) ** 2).
-        rows = np.array([(1.0, i * i, 2.0 * i) for i in range(401)])
-        parts = median_make_up(np.random.default_rng(0).permutation(rows))
-        self.assertEqual(parts, {"wait": 1.0, "recompute": 40_002.0, "reload": 400.0})
+class TestGeneratedWorkloads(_TempDir):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp_cls = tempfile.TemporaryDirectory()
+        out = Path(cls.tmp_cls.name) / "all.json"
+        cls.argv = (
+            "--workload", "multi-turn", "--num-requests", "150", "--seed", "3",
+            "--capacity", "5%,25%",
+        )  # fmt: skip
+        status, _, err = run_replay(*cls.argv, "--json", str(out))
+        assert status == 0, err
+        cls.rows = json.loads(out.read_text())["results"]
 
-    def test_few_rows(self):
-        self.assertIsNone(median_make_up(np.zeros((0, 3))))
-        one = median_make_up(np.array([(1.0, 2.0, 3.0)]))
-        self.assertEqual(one, {"wait": 1.0, "recompute": 2.0, "reload": 3.0})
-        # Two requests: the upper middle (rank 1), not a mean of both.
-        two = median_make_up(np.array([(0.0, 9.0, 0.0), (0.0, 1.0, 0.0)]))
-        self.assertEqual(two["recompute"], 9.0)
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp_cls.cleanup()
+        super().tearDownClass()
 
-    def test_each_ttft_is_split_into_wait_recompute_and_reload(self):
-        """Reload seconds are the host tier's hits at the reload rate; no tier, no reload."""
-        trace = load_mooncake_trace(SHIPPED_TRACE, limit=300)
-        cost = KVCostModel.from_preset("deepseek-v3")
-        for host in (0, 1_200_000):
-            with self.subTest(host_tier_tokens=host):
-                r = Replayer(trace, cost, ReplayConfig(
-                    policy="lru", capacity_tokens=300_000, cache="radix", host_tier_tokens=host,
-                ))
-                result = r.run()
-                rows = np.array(result.ttfts)
-                self.assertEqual(rows.shape, (result.requests - result.rejected, 3))
-                self.assertTrue((rows >= 0).all())
-                reloaded = rows[:, 2].sum() / cost.reload_seconds_per_token
-                self.assertAlmostEqual(reloaded, result.host_hit_tokens, delta=1e-6 * reloaded)
-                self.assertEqual(result.host_hit_tokens > 0, host > 0)
-                self.assertAlmostEqual(rows[:, 1:].sum(), result.prefill_s, delta=1e-9 * result.prefill_s)
-                summary = result.summary()
-                self.assertAlmostEqual(summary["ttft_mean_s"], rows.sum(axis=1).mean())
-                parts = sum(summary["ttft_p50_parts_s"].values())
-                ttft = np.sort(rows.sum(axis=1))
-                n = len(ttft)
-                self.assertTrue(ttft[n // 2 - n // 200] <= parts <= ttft[n // 2 + n // 200])
+    def test_every_policy_ran_at_every_capacity(self):
+        names = replay.DEFAULT_POLICIES.split(",")
+        self.assertEqual([r["policy"] for r in self.rows], names * 2)
+        for r in self.rows:
+            self.assertEqual((r["requests"], r["rejected"]), (150, 0))
 
+    def test_the_bound_is_at_least_every_policy(self):
+        for capacity in ("5%", "25%"):
+            rows = [r for r in self.rows if r["capacity"] == capacity]
+            bound = next(r for r in rows if r["is_bound"])
+            for r in rows:
+                for key in replay.RATE_KEYS:
+                    with self.subTest(capacity=capacity, policy=r["policy"], key=key):
+                        self.assertGreaterEqual(bound[key], r[key] * (1 - 1e-12))
+            lru = next(r for r in rows if r["policy"] == "lru")
+            self.assertGreater(bound["flop_hit_rate"], lru["flop_hit_rate"])
 
-class TestHostTier(CustomTestCase):
-    def test_a_prompt_is_backed_up_when_inserted_even_if_its_output_fills_no_page(self):
-        """HiCache's default write_through backs up what each insert adds, the prompt at
-        the prefill checkpoint included: a request whose output completes no page (no
-        insert at its finish) still leaves its prompt on host, marked backed up, and a
-        later request reloads all 1,024 tokens of it once the device has evicted it."""
-        cost = KVCostModel.from_preset("deepseek-v3")
-        trace = Trace("host", 512, (
-            Request(0.0, 1024, 8, (1, 2)),
-            Request(100.0, 1024, 8, (3, 4)),  # 17 + 17 pages do not fit in 32: evicts A
-            Request(200.0, 1500, 8, (1, 2, 5)),
-        ))
-        r = Replayer(trace, cost, ReplayConfig(
-            policy="lru", capacity_tokens=2048, cache="radix", host_tier_tokens=8192))
-        result = r.run()
-        self.assertEqual(result.hit_tokens, 1024)
-        self.assertEqual(result.host_hit_tokens, 1024)
-        cached = [n for n in r.cache.root_node.children.values()]
-        self.assertTrue(cached and all(getattr(n, "backuped", False) for n in cached))
+    def test_a_replay_is_deterministic(self):
+        data, _ = self.replay_json(*self.argv, "--policies", "mla_aware")
+        again = data["results"]
+        first = [r for r in self.rows if r["policy"] == "mla_aware"]
+        for a, b in zip(first, again):
+            for row in (a, b):
+                for key in ("cpu_us_per_request", "cpu_vs_stock", "gap_closed"):
+                    row.pop(key)
+            self.assertEqual(a, b)
+        self.assertEqual(len(again), 2)
 
 
-class TestKnownOutputs(CustomTestCase):
-    def test_next_turn_reuses_the_previous_output_only_when_its_content_is_known(self):
-        """Turn 2's prompt is turn 1's prompt + output + more: with the output's block ids
-        known it hits all 24 full pages of turn 1 (1,536 tokens), without them the prompt's
-        16 (1,024 tokens)."""
-        cost = KVCostModel.from_preset("deepseek-v3")
-        for sequence_ids, hit in (((10, 11, 12), 1536), ((), 1024)):
-            with self.subTest(known=bool(sequence_ids)):
-                trace = Trace("two-turns", 512, (
-                    Request(0.0, 1024, 512, (10, 11), "s", sequence_ids),
-                    Request(100.0, 2000, 8, (10, 11, 12, 13), "s"),
-                ))
-                r = Replayer(trace, cost, ReplayConfig(policy="lru", capacity_tokens=64_000))
-                result = r.run()
-                self.assertEqual(result.hit_tokens, hit)
-                self.assertEqual(result.prompt_tokens, 3024)
+class TestCommandLine(_TempDir):
+    def assert_usage_error(self, argv, *fragments):
+        """Exit 2, one stderr line naming the fragments, nothing written."""
+        before = sorted(os.listdir(self.dir))
+        status, stdout, err = run_replay(*argv)
+        self.assertEqual(status, 2, err)
+        self.assertEqual(stdout, "")
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertTrue(err.startswith("replay.py: error: "), err)
+        for fragment in fragments:
+            self.assertIn(fragment, err)
+        self.assertEqual(sorted(os.listdir(self.dir)), before)
 
+    def test_bad_options_exit_2_naming_the_option(self):
+        trace = self.trace(HAND[:2])
+        out = str(self.dir / "out.json")
+        cases = [
+            (["--policies", "nope"], "--policies", "'nope'"),
+            (["--policies", " , "], "--policies"),
+            (["--capacity", "0%"], "--capacity '0%'"),
+            (["--capacity", "150%"], "--capacity '150%'"),
+            (["--capacity", "abc"], "--capacity", "'abc'"),
+            (["--capacity", str(PAGE_BYTES - 1)], "less than one page"),
+            (["--capacity", "1%"], "less than one page"),  # 1 % of 2 blocks: none
+            (["--page-size", "100"], "--page-size 100", "--block-size 512"),
+            (["--tp", "0"], "--tp"),
+            (["--jobs", "0"], "--jobs"),
+            (["--gpu-tflops", "nan"], "--gpu-tflops"),
+            (["--gpu-tflops", "inf"], "--gpu-tflops"),
+            (["--gpu-tflops", "0"], "--gpu-tflops"),
+            (["--decode-ms-per-token", "-1"], "--decode-ms-per-token"),
+            (["--decode-ms-per-token", "nan"], "--decode-ms-per-token"),
+            (["--policy-config", "{"], "--policy-config", "not JSON"),
+            (["--policy-config", "[1]"], "--policy-config", "JSON object"),
+            (["--policy-config", '{"speed": 1}'], "--policy-config", "'speed'"),
+            (["--policy-config", '{"learn_weight": 1}'], "'learn_weight'"),
+            (["--policy-config", '{"calibration": "/no/c.json"}'], "/no/c.json"),
+            (["--tree-core", "go"], "--tree-core"),
+            (["--tp", "two"], "--tp"),
+        ]
+        for extra, *fragments in cases:
+            with self.subTest(argv=extra):
+                argv = ["--trace", trace, "--capacity", "100%", "--json", out, *extra]
+                self.assert_usage_error(argv, *fragments)
 
-class TestSessionCloses(CustomTestCase):
-    def test_a_client_closes_each_session_after_its_last_request(self):
-        """Two sessions of two turns and a request with none: with ``last-turn`` the tree
-        hears two closes, each after its session's last request finished; with ``never``,
-        none. Every insert carries its request's session id."""
-        from sglang.srt.mem_cache.mla_eviction_plugin import register
-
-        register()
-        cost = KVCostModel.from_preset("deepseek-v3")
-        trace = Trace("sessions", 512, (
-            Request(0.0, 1024, 8, (1, 2), "a"),
-            Request(1.0, 1024, 8, (3, 4), "b"),
-            Request(2.0, 1024, 8, (5, 6)),
-            Request(50.0, 1500, 8, (1, 2, 7), "a"),
-            Request(60.0, 1500, 8, (3, 4, 8), "b"),
-        ))
-        for close, expected in (("last-turn", ["a", "b"]), ("never", [])):
-            with self.subTest(close=close):
-                r = Replayer(trace, cost, ReplayConfig(
-                    policy="mla_aware", capacity_tokens=64_000, session_close=close,
-                    policy_config={"model": "deepseek-v3", "page_size": 64,
-                                   "key_unit_tokens": 64}))
-                closes, inserts = [], []
-                release, insert = r.cache.release_radix_session, r.cache.insert
-                r.cache.release_radix_session = lambda sid: (
-                    closes.append((sid, r.result.requests)), release(sid))[1]
-                r.cache.insert = lambda params: (inserts.append(params.session_id),
-                                                 insert(params))[1]
-                r.run()
-                self.assertEqual([sid for sid, _ in closes], expected)
-                # Each close comes after its session's last request was admitted.
-                self.assertTrue(all(admitted >= 4 for _, admitted in closes))
-                self.assertEqual(set(inserts), {"a", "b", None})
-
-    def test_session_radix_cache_evicts_an_open_sessions_kv_last(self):
-        """With SGLang's session radix cache the third request's eviction takes the
-        sessionless second request's KV, not the older KV of session ``a`` (still open:
-        its last turn is to come), so that turn hits its 1,024-token history; LRU alone
-        takes the oldest and the turn hits nothing."""
-        cost = KVCostModel.from_preset("deepseek-v3")
-        trace = Trace("open-session", 512, (
-            Request(0.0, 1024, 8, (1, 2), "a"),
-            Request(10.0, 1024, 8, (3, 4)),
-            Request(20.0, 1024, 8, (5, 6)),  # 48 pages hold two cached prompts and a third
-            Request(30.0, 1500, 8, (1, 2, 7), "a"),
-        ))
-        for session_radix, hit in ((True, 1024), (False, 0)):
-            with self.subTest(session_radix=session_radix):
-                r = Replayer(trace, cost, ReplayConfig(
-                    policy="lru", capacity_tokens=3072, session_radix=session_radix))
-                self.assertEqual(r.run().hit_tokens, hit)
-
-    def test_a_new_trace_on_the_same_replayer_closes_its_own_sessions(self):
-        """soak.py replays chunk after chunk on one cache, setting ``trace`` between runs:
-        each chunk's sessions close after their own last request."""
-        from sglang.srt.mem_cache.mla_eviction_plugin import register
-
-        register()
-        cost = KVCostModel.from_preset("deepseek-v3")
-        first = Trace("one", 512, (Request(0.0, 1024, 8, (1, 2), "a"),))
-        second = Trace("two", 512, (Request(0.0, 1024, 8, (3, 4), "1:a"),
-                                    Request(9.0, 1500, 8, (3, 4, 5), "1:a")))
-        r = Replayer(first, cost, ReplayConfig(policy="lru", capacity_tokens=64_000))
-        closes = []
-        release = r.cache.release_radix_session
-        r.cache.release_radix_session = lambda sid: (closes.append(sid), release(sid))[1]
-        r.run()
-        r.trace = second
-        r.run(first_index=1)
-        self.assertEqual(closes, ["a", "1:a"])
-
-
-class TestPool(CustomTestCase):
-    def test_a_pool_after_replays_in_place_does_not_hang(self):
-        """libgomp is not fork-safe: replays in place (``--jobs 1``) over a pool large
-        enough for torch to start its OpenMP threads, then a forked pool, hung the pool's
-        workers forever until replays ran torch on one thread (bar_check does this)."""
-        script = (
-            "import sys; sys.path.insert(0, sys.argv[1]); import replay\n"
-            "for jobs in ('1', '2'):\n"
-            "    assert replay.main(['--trace', sys.argv[2], '--num-requests', '200',"
-            " '--capacity', '25%', '--policies', 'lru,mla_aware', '--jobs', jobs,"
-            " '--no-progress']) == 0\n"
+    def test_bad_trace_files_name_the_file_and_line(self):
+        missing = self.dir / "missing.jsonl"
+        self.assert_usage_error(["--trace", str(missing)], str(missing), "no such file")
+        bad = self.trace([HAND[0], line(1000, -5, [])], name="bad.jsonl")
+        self.assert_usage_error(
+            ["--trace", bad], f"{bad}:2: field 'input_length': must be >= 0, got -5"
         )
-        done = subprocess.run(
-            [sys.executable, "-c", script, str(_REPO / "benchmark" / "mla_eviction"),
-             str(SHIPPED_TRACE)],
-            capture_output=True, text=True, timeout=300,
+        self.assert_usage_error(
+            ["--workload", "chat", "--workload-param", "rate=-1"], "'rate'"
         )
-        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
 
+    def test_outputs_must_be_regular_files_in_a_directory(self):
+        trace = self.trace(HAND[:2])
+        fifo = self.dir / "fifo"
+        os.mkfifo(fifo)
+        for flag, path, fragment in (
+            ("--json", str(self.dir), "not a regular file"),
+            ("--json", str(self.dir / "no" / "out.json"), "no such directory"),
+            ("--json", "/dev/null", "not a regular file"),
+            ("--markdown", str(fifo), "not a regular file"),
+            ("--plot", "/dev/null", "not a regular file"),
+        ):
+            with self.subTest(flag=flag, path=path):
+                argv = ["--trace", trace, "--capacity", "100%", flag, path]
+                self.assert_usage_error(argv, f"{flag} {path}: {fragment}")
+        self.assertTrue(stat.S_ISCHR(os.stat("/dev/null").st_mode))
+        self.assertTrue(stat.S_ISFIFO(os.stat(fifo).st_mode))
 
-class TestShippedTraceValidation(CustomTestCase):
-    def test_sequential_reproduces_trace_readme(self):
-        """The trace README at 5 % of the unique blocks: LRU 15.66 %, Belady 39.56 %."""
-        out = Path(tempfile.mkdtemp()) / "seq.json"
-        status, _, _ = run_replay(
-            "--trace", str(SHIPPED_TRACE), "--mode", "sequential", "--cache", "radix",
-            "--capacity", "5%", "--policies", "lru,optimal", "--json", str(out),
-            "--jobs", "2",
+    def test_a_failed_write_changes_no_output_and_leaves_no_temporary(self):
+        trace = self.trace(HAND[:2])
+        out, md = self.dir / "out.json", self.dir / "table.md"
+        out.write_text("old\n")
+        argv = ["--trace", trace, "--capacity", "100%", "--policies", "lru"]
+        argv += ["--json", str(out), "--markdown", str(md)]
+        boom = OSError("disk full")
+        with mock.patch.object(replay, "plot", side_effect=boom):
+            status, _, err = run_replay(*argv, "--plot", str(self.dir / "p.png"))
+        self.assertEqual(status, 1)
+        want = f"replay.py: error: --plot {self.dir / 'p.png'}: disk full"
+        self.assertEqual(err.splitlines(), [want])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["out.json", "t.jsonl"])
+        self.assertEqual(out.read_text(), "old\n")
+        # Without the failure every file is written, readable as open() makes it.
+        status, _, err = run_replay(*argv)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(json.loads(out.read_text())["requests"], 2)
+        self.assertTrue(md.read_text().startswith("**t.jsonl**"))
+        umask = os.umask(0)
+        os.umask(umask)
+        self.assertEqual(stat.S_IMODE(os.stat(md).st_mode), 0o666 & ~umask)
+        self.assertEqual(
+            sorted(os.listdir(self.dir)), ["out.json", "t.jsonl", "table.md"]
         )
-        self.assertEqual(status, 0)
-        lru, optimal = json.loads(out.read_text())["results"]
-        self.assertAlmostEqual(100 * lru["block_hit_rate"], 15.66, delta=0.3)
-        self.assertAlmostEqual(100 * optimal["block_hit_rate"], 39.56, delta=0.3)
+
+    def test_as_a_process_a_bad_option_is_one_stderr_line(self):
+        result = subprocess.run(
+            [sys.executable, str(_BENCH / "replay.py"), "--trace", self.trace(HAND)]
+            + ["--policies", "nope", "--no-progress"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
+        self.assertIn("--policies: unknown 'nope'", result.stderr)
 
 
 if __name__ == "__main__":
