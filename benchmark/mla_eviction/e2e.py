@@ -25,6 +25,10 @@ times it, so evictions happen; ``--enable-deterministic-inference`` (on by defau
 here) keeps a cache hit and a recompute numerically identical. Exit status 1 on any
 mismatch.
 
+``--server-args`` adds launch options to both servers; it may not set what the script
+sets, nor ``--radix-eviction-policy`` or ``--radix-cache-backend`` (the flag selects
+the ``mla_aware`` policy and radix-cache backend; the baseline stays stock).
+
 ``--dry-run`` prints every command, in order, and runs nothing. Servers run in their
 own process group and are always stopped (SIGTERM, then SIGKILL), whatever happens.
 """
@@ -49,6 +53,9 @@ from typing import Any, Callable, Optional, Sequence
 
 LOOPBACK = "127.0.0.1"
 FLAG = "--mla-aware-eviction"
+SCRIPT_SETS = (FLAG, "--host", "--port", "--model-path", "--tp-size")
+# What the flag sets; either one in --server-args would change the baseline too.
+POLICY_OPTIONS = ("--radix-eviction-policy", "--radix-cache-backend")
 VARIANTS = ("baseline", "mla_aware")
 DATASETS = ("gsp", "mooncake")
 CORRECTNESS_MAX_TOTAL_TOKENS = 16384
@@ -77,8 +84,17 @@ def server_command(
 ) -> list[str]:
     """``launch_server`` argv; the mla_aware one is the baseline's plus the flag, last."""
     cmd = [args.python, "-m", "sglang.launch_server", "--model-path", args.model_path]
-    cmd += ["--host", LOOPBACK, "--port", str(args.port), "--tp-size", str(args.tp_size)]
-    max_total_tokens = correctness_pool_tokens(args) if correctness else args.max_total_tokens
+    cmd += [
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(args.port),
+        "--tp-size",
+        str(args.tp_size),
+    ]
+    max_total_tokens = (
+        correctness_pool_tokens(args) if correctness else args.max_total_tokens
+    )
     if args.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(args.mem_fraction_static)]
     if max_total_tokens is not None:
@@ -103,30 +119,39 @@ def bench_command(args: argparse.Namespace, variant: str, dataset: str) -> list[
         "--output-file": bench_output(args, variant, dataset),
     }
     if dataset == "gsp":
-        options.update({
-            "--dataset-name": "generated-shared-prefix",
-            "--request-rate": args.request_rate,
-            "--gsp-num-groups": args.gsp_num_groups,
-            "--gsp-prompts-per-group": args.gsp_prompts_per_group,
-            "--gsp-system-prompt-len": args.gsp_system_prompt_len,
-            "--gsp-question-len": args.gsp_question_len,
-            "--gsp-output-len": args.gsp_output_len,
-            "--gsp-group-distribution": "zipf",
-            "--gsp-zipf-alpha": args.gsp_zipf_alpha,
-        })
+        options.update(
+            {
+                "--dataset-name": "generated-shared-prefix",
+                "--request-rate": args.request_rate,
+                "--gsp-num-groups": args.gsp_num_groups,
+                "--gsp-prompts-per-group": args.gsp_prompts_per_group,
+                "--gsp-system-prompt-len": args.gsp_system_prompt_len,
+                "--gsp-question-len": args.gsp_question_len,
+                "--gsp-output-len": args.gsp_output_len,
+                "--gsp-group-distribution": "zipf",
+                "--gsp-zipf-alpha": args.gsp_zipf_alpha,
+            }
+        )
     else:
-        options.update({
-            "--dataset-name": "mooncake",
-            "--dataset-path": args.mooncake_trace,
-            "--mooncake-workload": args.mooncake_workload,
-            "--num-prompts": args.mooncake_num_prompts,
-            "--mooncake-slowdown-factor": args.mooncake_slowdown_factor,
-        })
+        options.update(
+            {
+                "--dataset-name": "mooncake",
+                "--dataset-path": args.mooncake_trace,
+                "--mooncake-workload": args.mooncake_workload,
+                "--num-prompts": args.mooncake_num_prompts,
+                "--mooncake-slowdown-factor": args.mooncake_slowdown_factor,
+            }
+        )
     cmd = [args.python, "-m", "sglang.benchmark.serving"]
     for option, value in options.items():
         if value is not None:
             cmd += [option, str(value)]
-    return cmd + ["--flush-cache", "--cache-report", "--output-details", "--disable-tqdm"]
+    return cmd + [
+        "--flush-cache",
+        "--cache-report",
+        "--output-details",
+        "--disable-tqdm",
+    ]
 
 
 def bench_output(args: argparse.Namespace, variant: str, dataset: str) -> Path:
@@ -142,7 +167,9 @@ def plan_lines(args: argparse.Namespace) -> list[str]:
     lines = []
     for variant in VARIANTS:
         lines.append(f"# {variant} server")
-        lines.append(shlex.join(server_command(args, variant, correctness=args.correctness)))
+        lines.append(
+            shlex.join(server_command(args, variant, correctness=args.correctness))
+        )
         lines.append(f"# wait for {base_url(args)}/health")
         if args.correctness:
             lines.append(
@@ -151,8 +178,12 @@ def plan_lines(args: argparse.Namespace) -> list[str]:
                 f"{args.correctness_output_len}"
             )
         else:
-            lines += [shlex.join(bench_command(args, variant, d)) for d in args.datasets]
-        lines.append(f"# stop the {variant} server (its process group: SIGTERM, then SIGKILL)")
+            lines += [
+                shlex.join(bench_command(args, variant, d)) for d in args.datasets
+            ]
+        lines.append(
+            f"# stop the {variant} server (its process group: SIGTERM, then SIGKILL)"
+        )
     return lines
 
 
@@ -237,7 +268,9 @@ class Server:
 
 def post_json(url: str, body: dict, timeout_s: float = 600.0) -> dict:
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=timeout_s) as r:
         return json.loads(r.read())
@@ -335,7 +368,9 @@ def format_report(results: dict[str, tuple[BenchFigures, BenchFigures]]) -> str:
 # ---------------------------------------------------------------------------
 
 
-def correctness_prompts(num_prompts: int, max_total_tokens: int, seed: int = 0) -> list[str]:
+def correctness_prompts(
+    num_prompts: int, max_total_tokens: int, seed: int = 0
+) -> list[str]:
     """Fixed prompts whose shared prefixes add up to several pools' worth of tokens.
 
     24 "documents" of different lengths (max_total_tokens/16 to /6 words of about one
@@ -368,7 +403,9 @@ class Generation:
     cached_tokens: int
 
 
-def generate_all(url: str, prompts: Sequence[str], max_new_tokens: int) -> list[Generation]:
+def generate_all(
+    url: str, prompts: Sequence[str], max_new_tokens: int
+) -> list[Generation]:
     """Send the prompts one at a time, greedy; keep what each answered."""
     out = []
     for prompt in prompts:
@@ -429,7 +466,9 @@ def format_correctness(
         f"{working_set} tokens in all",
     ]
     if max_total_tokens:
-        forced = "yes" if working_set > max_total_tokens else "NO (raise the prompt count)"
+        forced = (
+            "yes" if working_set > max_total_tokens else "NO (raise the prompt count)"
+        )
         lines.append(f"- pool: {max_total_tokens} tokens; evictions forced: {forced}")
     for variant, gens in runs.items():
         cached = sum(g.cached_tokens for g in gens)
@@ -477,7 +516,9 @@ def run_correctness(args: argparse.Namespace) -> int:
         log = out / f"{variant}_correctness_server.log"
         with Server(cmd, log, base_url(args)) as server:
             server.wait_healthy(args.health_timeout)
-            runs[variant] = generate_all(base_url(args), prompts, args.correctness_output_len)
+            runs[variant] = generate_all(
+                base_url(args), prompts, args.correctness_output_len
+            )
     mismatches = compare_generations(prompts, runs["baseline"], runs["mla_aware"])
     report = format_correctness(prompts, runs, mismatches, max_total_tokens)
     (out / "correctness.md").write_text(report)
@@ -493,16 +534,24 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--port", type=int, default=30000, help=f"on {LOOPBACK}")
     p.add_argument("--mem-fraction-static", type=float)
-    p.add_argument("--max-total-tokens", type=int, help="KV pool size; small forces evictions")
+    p.add_argument(
+        "--max-total-tokens", type=int, help="KV pool size; small forces evictions"
+    )
     p.add_argument(
         "--server-args",
         default="",
         help='more launch_server args for both servers, e.g. --server-args="--page-size 64"',
     )
-    p.add_argument("--python", default=sys.executable, help="interpreter with sglang installed")
-    p.add_argument("--out", default="out/e2e", help="bench outputs, server logs, report")
+    p.add_argument(
+        "--python", default=sys.executable, help="interpreter with sglang installed"
+    )
+    p.add_argument(
+        "--out", default="out/e2e", help="bench outputs, server logs, report"
+    )
     p.add_argument("--health-timeout", type=float, default=1800.0, help="seconds")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the commands, run nothing"
+    )
     p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-concurrency", type=int, default=64)
@@ -513,7 +562,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--gsp-question-len", type=int, default=256)
     p.add_argument("--gsp-output-len", type=int, default=128)
     p.add_argument("--gsp-zipf-alpha", type=float, default=1.1)
-    p.add_argument("--mooncake-trace", help="JSON-lines trace; default: the bench downloads one")
+    p.add_argument(
+        "--mooncake-trace", help="JSON-lines trace; default: the bench downloads one"
+    )
     p.add_argument(
         "--mooncake-workload",
         default="conversation",
@@ -537,10 +588,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.correctness_prompts < 1:
         p.error("--correctness-prompts must be >= 1")
-    extra = shlex.split(args.server_args)
-    for option in (FLAG, "--host", "--port", "--model-path", "--tp-size"):
-        if option in extra:
+    given = {word.split("=", 1)[0] for word in shlex.split(args.server_args)}
+    for option in SCRIPT_SETS:
+        if option in given:
             p.error(f"--server-args may not set {option}; this script does")
+    for option in POLICY_OPTIONS:
+        if option in given:
+            p.error(
+                f"--server-args may not set {option}: the baseline runs stock SGLang "
+                f"and {FLAG} selects the policy and its radix-cache backend"
+            )
     return args
 
 

@@ -6,6 +6,8 @@ output files written here, and a full run (benchmarks and --correctness) against
 ones, through ``--python``.
 """
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -20,7 +22,7 @@ from pathlib import Path
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=45, suite="base-a-test-cpu")
 
 _REPO = Path(__file__).resolve().parents[4]
 E2E = _REPO / "benchmark" / "mla_eviction" / "e2e.py"
@@ -62,9 +64,20 @@ BENCH_TAIL = "--flush-cache --cache-report --output-details --disable-tqdm"
 
 class TestDryRun(CustomTestCase):
     ARGS = (
-        "--model-path", "/models/DeepSeek-V3", "--tp-size", "8", "--port", "31000",
-        "--max-total-tokens", "200000", "--server-args", "--page-size 64",
-        "--mooncake-trace", "/data/trace.jsonl", "--out", "/tmp/e2e",
+        "--model-path",
+        "/models/DeepSeek-V3",
+        "--tp-size",
+        "8",
+        "--port",
+        "31000",
+        "--max-total-tokens",
+        "200000",
+        "--server-args",
+        "--page-size 64",
+        "--mooncake-trace",
+        "/data/trace.jsonl",
+        "--out",
+        "/tmp/e2e",
     )
 
     def test_prints_every_command_in_order(self):
@@ -81,30 +94,45 @@ class TestDryRun(CustomTestCase):
         self.assertEqual(dry_run(*self.ARGS), expected)
 
     def test_servers_differ_only_by_the_flag_and_benches_only_by_output(self):
-        lines = [l for l in dry_run(*self.ARGS) if not l.startswith("#")]
+        lines = [x for x in dry_run(*self.ARGS) if not x.startswith("#")]
         base_server, base_gsp, base_mc, mla_server, mla_gsp, mla_mc = lines
         self.assertEqual(mla_server, base_server + " --mla-aware-eviction")
         self.assertEqual(mla_gsp, base_gsp.replace("baseline_gsp", "mla_aware_gsp"))
-        self.assertEqual(mla_mc, base_mc.replace("baseline_mooncake", "mla_aware_mooncake"))
+        self.assertEqual(
+            mla_mc, base_mc.replace("baseline_mooncake", "mla_aware_mooncake")
+        )
         for line in lines:
             self.assertNotIn("0.0.0.0", line)
 
     def test_one_dataset(self):
         lines = dry_run(*self.ARGS, "--datasets", "mooncake")
-        benches = [l for l in lines if "benchmark.serving" in l]
+        benches = [x for x in lines if "benchmark.serving" in x]
         self.assertEqual(len(benches), 2)
-        self.assertTrue(all("--dataset-name mooncake" in l for l in benches))
+        self.assertTrue(all("--dataset-name mooncake" in x for x in benches))
 
     def test_server_args_may_not_set_what_the_script_sets(self):
-        for extra in ("--mla-aware-eviction", "--host 0.0.0.0"):
-            result = subprocess.run(
-                [sys.executable, str(E2E), "--dry-run", "--model-path", "M",
-                 f"--server-args={extra}"],
-                capture_output=True,
-                text=True,
-            )
-            self.assertEqual(result.returncode, 2)
-            self.assertIn(f"--server-args may not set {extra.split()[0]}", result.stderr)
+        for extra, option in (
+            ("--mla-aware-eviction", "--mla-aware-eviction"),
+            ("--host 0.0.0.0", "--host"),
+            ("--port=31000", "--port"),
+            ("--radix-eviction-policy lfu", "--radix-eviction-policy"),
+            ("--radix-eviction-policy=mla_aware", "--radix-eviction-policy"),
+            ("--radix-cache-backend mla_aware", "--radix-cache-backend"),
+        ):
+            with self.subTest(extra=extra):
+                err = io.StringIO()
+                with (
+                    contextlib.redirect_stderr(err),
+                    self.assertRaises(SystemExit) as e,
+                ):
+                    e2e.parse_args(["--model-path", "M", f"--server-args={extra}"])
+                self.assertEqual(e.exception.code, 2)
+                self.assertIn(f"--server-args may not set {option}", err.getvalue())
+
+    def test_flag_is_the_plugins(self):
+        from sglang.srt.mem_cache.mla_eviction_plugin import FLAG
+
+        self.assertEqual(e2e.FLAG, FLAG)
 
     def test_correctness_forces_evictions_with_deterministic_servers(self):
         lines = dry_run("--model-path", "M", "--correctness")
@@ -133,9 +161,66 @@ class TestDryRun(CustomTestCase):
         )
 
     def test_correctness_keeps_a_given_pool_size(self):
-        lines = dry_run("--model-path", "M", "--correctness", "--mem-fraction-static", "0.3")
-        self.assertIn("--mem-fraction-static 0.3 --enable-deterministic-inference", lines[1])
+        lines = dry_run(
+            "--model-path", "M", "--correctness", "--mem-fraction-static", "0.3"
+        )
+        self.assertIn(
+            "--mem-fraction-static 0.3 --enable-deterministic-inference", lines[1]
+        )
         self.assertNotIn("--max-total-tokens", lines[1])
+
+
+class TestCommandsParseWithInstalledSGLang(CustomTestCase):
+    """Every option the script passes exists in the installed SGLang 0.5.23: the
+    servers' through ServerArgs' parser (with the plugin's flag), the benches'
+    through ``sglang.benchmark.serving``'s own command line (not run)."""
+
+    def commands(self, *extra):
+        args = e2e.parse_args([*TestDryRun.ARGS, *extra])
+        return args, [
+            *(e2e.server_command(args, v) for v in e2e.VARIANTS),
+            *(e2e.server_command(args, v, correctness=True) for v in e2e.VARIANTS),
+        ]
+
+    def test_server_commands(self):
+        import argparse
+
+        from sglang.srt.mem_cache.mla_eviction_plugin import add_flag
+        from sglang.srt.server_args import ServerArgs
+
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        add_flag(None, parser)
+        _, servers = self.commands()
+        for cmd in servers:
+            with self.subTest(cmd=cmd):
+                self.assertEqual(cmd[1:3], ["-m", "sglang.launch_server"])
+                parsed = parser.parse_args(cmd[3:])
+                self.assertEqual(parsed.mla_aware_eviction, e2e.FLAG in cmd)
+                self.assertEqual(parsed.page_size, 64)
+
+    def test_bench_commands(self):
+        from unittest import mock
+
+        import sglang.benchmark.serving as serving
+
+        args, _ = self.commands()
+        for variant in e2e.VARIANTS:
+            for dataset in e2e.DATASETS:
+                cmd = e2e.bench_command(args, variant, dataset)
+                with self.subTest(cmd=cmd):
+                    self.assertEqual(cmd[1:3], ["-m", "sglang.benchmark.serving"])
+                    with (
+                        mock.patch.object(serving, "run_benchmark") as run,
+                        mock.patch("sys.argv", ["serving", *cmd[3:]]),
+                    ):
+                        serving.cli_main()
+                    parsed = run.call_args.args[0]
+                    self.assertTrue(parsed.cache_report and parsed.flush_cache)
+                    self.assertEqual(
+                        parsed.output_file,
+                        str(e2e.bench_output(args, variant, dataset)),
+                    )
 
 
 def bench_line(completed, prompt, cached, ttft, throughput, with_report=True):
@@ -150,7 +235,10 @@ def bench_line(completed, prompt, cached, ttft, throughput, with_report=True):
         "output_throughput": throughput,
     }
     if with_report:
-        line["cache_report"] = {"total_prompt_tokens": prompt, "total_cached_tokens": cached}
+        line["cache_report"] = {
+            "total_prompt_tokens": prompt,
+            "total_cached_tokens": cached,
+        }
     else:
         line["cached_tokens"] = [cached - cached // 2, cached // 2]
     return json.dumps(line)
@@ -191,7 +279,9 @@ class TestReport(CustomTestCase):
         self.assertEqual(f.hit_rate, 0.25)
 
     def test_cached_tokens_from_per_request_details(self):
-        path = self.write("b.jsonl", bench_line(2, 100, 31, (1, 1, 1), 1.0, with_report=False))
+        path = self.write(
+            "b.jsonl", bench_line(2, 100, 31, (1, 1, 1), 1.0, with_report=False)
+        )
         self.assertEqual(e2e.read_bench_output(path).cached_tokens, 31)
 
     def test_no_cache_figures_is_an_error(self):
@@ -208,10 +298,14 @@ class TestReport(CustomTestCase):
 
     def test_side_by_side_markdown(self):
         base = e2e.read_bench_output(
-            self.write("b.jsonl", bench_line(100, 40000, 10000, (200.0, 150.0, 900.0), 5000.0))
+            self.write(
+                "b.jsonl", bench_line(100, 40000, 10000, (200.0, 150.0, 900.0), 5000.0)
+            )
         )
         mla = e2e.read_bench_output(
-            self.write("m.jsonl", bench_line(100, 40000, 16000, (150.0, 120.0, 450.0), 5500.0))
+            self.write(
+                "m.jsonl", bench_line(100, 40000, 16000, (150.0, 120.0, 450.0), 5500.0)
+            )
         )
         report = e2e.format_report({"gsp": (base, mla)})
         self.assertEqual(
@@ -233,9 +327,15 @@ class TestReport(CustomTestCase):
         )
 
     def test_zero_baseline_shows_no_ratio(self):
-        zero = e2e.read_bench_output(self.write("z.jsonl", bench_line(1, 10, 0, (1, 1, 1), 1.0)))
-        some = e2e.read_bench_output(self.write("s.jsonl", bench_line(1, 10, 5, (1, 1, 1), 1.0)))
-        self.assertIn("| cached tokens | 0 | 5 | n/a |", e2e.format_report({"x": (zero, some)}))
+        zero = e2e.read_bench_output(
+            self.write("z.jsonl", bench_line(1, 10, 0, (1, 1, 1), 1.0))
+        )
+        some = e2e.read_bench_output(
+            self.write("s.jsonl", bench_line(1, 10, 5, (1, 1, 1), 1.0))
+        )
+        self.assertIn(
+            "| cached tokens | 0 | 5 | n/a |", e2e.format_report({"x": (zero, some)})
+        )
 
 
 class TestCorrectnessPrompts(CustomTestCase):
@@ -262,7 +362,7 @@ class TestCorrectnessPrompts(CustomTestCase):
 
 # Stands in for `python -m sglang.launch_server` and `python -m sglang.benchmark.serving`.
 FAKE_SGLANG = textwrap.dedent(
-    '''
+    """
     import json, os, subprocess, sys, urllib.request
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -315,7 +415,7 @@ FAKE_SGLANG = textwrap.dedent(
         }
         with open(out, "a") as f:
             f.write(json.dumps(result) + "\\n")
-    '''
+    """
 )
 
 
@@ -344,7 +444,9 @@ class TestRunAgainstFakeServers(CustomTestCase):
         self.dir = Path(self.tmp.name)
         (self.dir / "fake_sglang.py").write_text(FAKE_SGLANG)
         python = self.dir / "python"
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{self.dir}/fake_sglang.py" "$@"\n')
+        python.write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" "{self.dir}/fake_sglang.py" "$@"\n'
+        )
         python.chmod(python.stat().st_mode | stat.S_IEXEC)
         self.env = {
             **os.environ,
@@ -358,9 +460,17 @@ class TestRunAgainstFakeServers(CustomTestCase):
     def run_e2e(self, *argv, env=None):
         return subprocess.run(
             [
-                sys.executable, str(E2E), "--model-path", "M", "--python",
-                str(self.dir / "python"), "--port", str(free_port()),
-                "--out", str(self.dir / "out"), *argv,
+                sys.executable,
+                str(E2E),
+                "--model-path",
+                "M",
+                "--python",
+                str(self.dir / "python"),
+                "--port",
+                str(free_port()),
+                "--out",
+                str(self.dir / "out"),
+                *argv,
             ],
             capture_output=True,
             text=True,
@@ -382,7 +492,9 @@ class TestRunAgainstFakeServers(CustomTestCase):
             (self.dir / "out" / "report.md").read_text().strip(), result.stdout.strip()
         )
         self.assert_servers_stopped(2)
-        base, mla = [json.loads(l) for l in (self.dir / "argv").read_text().splitlines()]
+        base, mla = [
+            json.loads(x) for x in (self.dir / "argv").read_text().splitlines()
+        ]
         self.assertEqual(mla, base + ["--mla-aware-eviction"])
 
     def test_correctness_passes_on_identical_outputs(self):
