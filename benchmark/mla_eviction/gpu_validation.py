@@ -24,15 +24,18 @@ imports SGLang.
    ``a`` is ``prefill_s_per_token`` and ``b`` ``prefill_s_per_token_per_position``,
    the per-layer constants of ``KVCostModel.prefill_seconds``. And the time to copy
    ``n`` latent rows (cache dtype) from pinned host memory to the GPU, fitted to
-   ``seconds = h * n + latency``; ``h`` is ``h2d_s_per_token_per_layer``. Without a
-   GPU the copy is a plain host-to-host copy and is labelled so. Only the attention
-   layer is timed (projections, attention, output projection; not the MLP or MoE),
-   in PyTorch's SDPA kernels; ``--tp N`` times one rank's share of the heads.
+   ``seconds = h * n + latency``; ``h`` is ``h2d_s_per_token_per_layer``, recorded
+   for reference: no cost the policy uses reads it (host reload pricing was removed
+   from the cost model). Without a GPU the copy is a plain host-to-host copy and is
+   labelled so. Only the attention layer is timed (projections, attention, output
+   projection; not the MLP or MoE), in PyTorch's SDPA kernels; ``--tp N`` times one
+   rank's share of the heads.
 
 The calibration JSON (``--calibration-out``) is what
 ``sglang.srt.mem_cache.mla_cost_model.Calibration.load`` reads; it is written only
-when the correctness check passes. Exit status: 0 passed, 1 correctness failure,
-2 bad command line.
+when the correctness check passes and the fit is one that ``Calibration`` accepts
+(``a`` and ``h`` > 0, ``b`` >= 0, all finite). Exit status: 0 passed, 1 correctness
+failure or unusable fit (nothing written), 2 bad command line.
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ from torch.nn.attention.bias import causal_lower_right
 SCHEMA = "mla-eviction-calibration/1"
 WARMUP = 3
 ROPE_BASE = 10000.0
-CHECK_PREFIX, CHECK_CHUNK = 192, 64  # correctness: cached prefix, then a chunk, then decode
+CHECK_PREFIX, CHECK_CHUNK = (
+    192,
+    64,
+)  # correctness: cached prefix, then a chunk, then decode
 H2D_TOKENS = (1024, 8192, 65536)  # latent rows per timed host-to-device copy
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # on max error / max |ref|
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -84,8 +90,12 @@ class MLAShape:
 
 
 PRESETS = {
-    "v3": MLAShape(7168, 128, 1536, 512, 128, 64, 128, (0, 4096, 8192, 16384, 32768), 1024),
-    "v2-lite": MLAShape(2048, 16, None, 512, 128, 64, 128, (0, 4096, 8192, 16384, 32768), 1024),
+    "v3": MLAShape(
+        7168, 128, 1536, 512, 128, 64, 128, (0, 4096, 8192, 16384, 32768), 1024
+    ),
+    "v2-lite": MLAShape(
+        2048, 16, None, 512, 128, 64, 128, (0, 4096, 8192, 16384, 32768), 1024
+    ),
     # CPU tests: tiny attention, but a hidden size large enough that the per-token term
     # stands out of the timing noise of a shared CPU.
     "tiny": MLAShape(1024, 4, 256, 32, 16, 8, 16, (0, 512, 1024, 2048), 256),
@@ -104,7 +114,9 @@ class Projection(NamedTuple):
 class LatentCache:
     """One layer's MLA cache: row ``i`` is ``[c_kv | k_rope]`` of the token at position ``i``."""
 
-    def __init__(self, shape: MLAShape, capacity: int, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, shape: MLAShape, capacity: int, device: torch.device, dtype: torch.dtype
+    ):
         self.shape = shape
         self.rows = torch.zeros(capacity, shape.row_width, device=device, dtype=dtype)
         self.length = 0
@@ -129,7 +141,9 @@ class MLALayer:
     The same ``seed`` gives the same weights on every device and dtype.
     """
 
-    def __init__(self, shape: MLAShape, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    def __init__(
+        self, shape: MLAShape, device: torch.device, dtype: torch.dtype, seed: int = 0
+    ):
         gen = torch.Generator().manual_seed(seed)
 
         def weight(fan_in: int, *out: int) -> torch.Tensor:
@@ -175,14 +189,20 @@ class MLALayer:
 
     def attend_expanded(self, p: Projection, latent: torch.Tensor) -> torch.Tensor:
         """Like :meth:`attend_absorbed`, over per-head K/V expanded from ``latent``."""
-        c_kv, k_rope = latent.split([self.shape.kv_lora_rank, self.shape.qk_rope], dim=-1)
+        c_kv, k_rope = latent.split(
+            [self.shape.kv_lora_rank, self.shape.qk_rope], dim=-1
+        )
         k_nope = torch.einsum("sc,chn->shn", c_kv, self.w_uk)
-        k = torch.cat([k_nope, k_rope[:, None, :].expand(-1, self.shape.heads, -1)], dim=-1)
+        k = torch.cat(
+            [k_nope, k_rope[:, None, :].expand(-1, self.shape.heads, -1)], dim=-1
+        )
         v = torch.einsum("sc,chd->shd", c_kv, self.w_uv)
         q = torch.cat([p.q_nope, p.q_rope], dim=-1)
         return _causal_attention(q, k, v, self.scale)
 
-    def prefill(self, hidden: torch.Tensor, cache: LatentCache, form: str) -> torch.Tensor:
+    def prefill(
+        self, hidden: torch.Tensor, cache: LatentCache, form: str
+    ) -> torch.Tensor:
         """Append ``hidden``'s tokens to ``cache`` and return the layer output (T, hidden)."""
         start = cache.length
         p = self.project(hidden, start)
@@ -199,8 +219,12 @@ def _rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE on the last dim of ``x`` (T, ..., d) at ``positions`` (T,)."""
     half = x.shape[-1] // 2
-    inv_freq = ROPE_BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angle = (positions.float()[:, None] * inv_freq).view(x.shape[0], *[1] * (x.dim() - 2), half)
+    inv_freq = ROPE_BASE ** (
+        -torch.arange(half, device=x.device, dtype=torch.float32) / half
+    )
+    angle = (positions.float()[:, None] * inv_freq).view(
+        x.shape[0], *[1] * (x.dim() - 2), half
+    )
     x1, x2 = x.float()[..., :half], x.float()[..., half:]
     cos, sin = angle.cos(), angle.sin()
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
@@ -237,10 +261,14 @@ def check_correctness(layer: MLALayer, perturb: float = 0.0, seed: int = 1) -> d
     """
     total = CHECK_PREFIX + CHECK_CHUNK + 1
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(total, layer.shape.hidden, generator=gen).to(layer.device, layer.dtype)
+    hidden = torch.randn(total, layer.shape.hidden, generator=gen).to(
+        layer.device, layer.dtype
+    )
     w_uk = None
     if perturb:
-        noise = torch.randn(layer.w_uk.shape, generator=gen).to(layer.device, layer.dtype)
+        noise = torch.randn(layer.w_uk.shape, generator=gen).to(
+            layer.device, layer.dtype
+        )
         w_uk = layer.w_uk * (1 + perturb * noise)
 
     full = layer.project(hidden, 0)
@@ -310,9 +338,13 @@ def attended_positions(depth: int, chunk: int) -> int:
 
 
 @torch.inference_mode()
-def measure_prefill(layer: MLALayer, depths, chunk: int, repeats: int, form: str) -> list[dict]:
+def measure_prefill(
+    layer: MLALayer, depths, chunk: int, repeats: int, form: str
+) -> list[dict]:
     """Prefill time of ``chunk`` new tokens over a cached prefix of each depth."""
-    hidden = torch.randn(chunk, layer.shape.hidden, device=layer.device, dtype=layer.dtype)
+    hidden = torch.randn(
+        chunk, layer.shape.hidden, device=layer.device, dtype=layer.dtype
+    )
 
     def prefill_at(depth: int) -> Callable[[], torch.Tensor]:
         cache = LatentCache(layer.shape, depth + chunk, layer.device, layer.dtype)
@@ -345,7 +377,11 @@ def measure_h2d(
     shape: MLAShape, device: torch.device, dtype: torch.dtype, repeats: int
 ) -> list[dict]:
     """Copy time of ``n`` latent rows, pinned host to GPU (plain host copy without one)."""
-    method = "pinned host -> cuda" if device.type == "cuda" else "host -> host plain copy (no GPU)"
+    method = (
+        "pinned host -> cuda"
+        if device.type == "cuda"
+        else "host -> host plain copy (no GPU)"
+    )
     copies, sizes = [], []
     for n in H2D_TOKENS:
         src = torch.randn(n, shape.row_width).to(dtype)
@@ -399,7 +435,8 @@ def fit(samples: list[dict]) -> dict:
     )
     h2d = [s for s in samples if s["kind"] == "h2d"]
     per_token, _latency = nonneg_lstsq(
-        [[s["tokens"] for s in h2d], [1.0] * len(h2d)], [s["seconds_median"] for s in h2d]
+        [[s["tokens"] for s in h2d], [1.0] * len(h2d)],
+        [s["seconds_median"] for s in h2d],
     )
     return {
         "prefill_s_per_token": a,
@@ -449,28 +486,63 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--preset", required=True, choices=sorted(PRESETS))
     add("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    add("--dtype", default="auto", choices=("auto", *DTYPES),
-        help="compute and cache dtype (auto: bfloat16 on cuda, float32 on cpu)")
-    add("--depths", type=_depth_list, help="cached prefix depths to time, e.g. 0,4096,8192")
+    add(
+        "--dtype",
+        default="auto",
+        choices=("auto", *DTYPES),
+        help="compute and cache dtype (auto: bfloat16 on cuda, float32 on cpu)",
+    )
+    add(
+        "--depths",
+        type=_depth_list,
+        help="cached prefix depths to time, e.g. 0,4096,8192",
+    )
     add("--chunk", type=_positive_int, help="new tokens per timed prefill")
-    add("--tp", type=_positive_int, default=1,
-        help="tensor-parallel size: one rank's share of the heads (the latent is replicated)")
-    add("--repeats", type=_positive_int, default=7, help="timed runs per point (median kept)")
-    add("--prefill-form", default="expanded", choices=("expanded", "absorbed"),
-        help="attention form of the timed prefill (default expanded, as SGLang's MHA prefill)")
-    add("--perturb-absorption", type=float, default=0.0, metavar="EPS",
-        help="self-test: scale W_UK in the absorbed path by 1 + EPS * noise; the check must fail")
-    add("--calibration-out", type=Path, metavar="PATH", help="write the calibration JSON here")
+    add(
+        "--tp",
+        type=_positive_int,
+        default=1,
+        help="tensor-parallel size: one rank's share of the heads (the latent is replicated)",
+    )
+    add(
+        "--repeats",
+        type=_positive_int,
+        default=7,
+        help="timed runs per point (median kept)",
+    )
+    add(
+        "--prefill-form",
+        default="expanded",
+        choices=("expanded", "absorbed"),
+        help="attention form of the timed prefill (default expanded, as SGLang's MHA prefill)",
+    )
+    add(
+        "--perturb-absorption",
+        type=float,
+        default=0.0,
+        metavar="EPS",
+        help="self-test: scale W_UK in the absorbed path by 1 + EPS * noise; the check must fail",
+    )
+    add(
+        "--calibration-out",
+        type=Path,
+        metavar="PATH",
+        help="write the calibration JSON here",
+    )
     args = parser.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu)")
     out = args.calibration_out
-    if out is not None and (out.is_dir() or not out.resolve().parent.is_dir()):
+    # A regular file or nothing yet, in a directory (never a device node or a FIFO).
+    bad_target = out is not None and out.exists() and not out.is_file()
+    if out is not None and (bad_target or not out.resolve().parent.is_dir()):
         parser.error(f"--calibration-out: cannot write a file at {str(out)!r}")
     shape = PRESETS[args.preset]
     if shape.heads % args.tp:
-        parser.error(f"--tp {args.tp}: must divide the {shape.heads} heads of {args.preset}")
+        parser.error(
+            f"--tp {args.tp}: must divide the {shape.heads} heads of {args.preset}"
+        )
     args.shape = dataclasses.replace(shape, heads=shape.heads // args.tp)
     args.depths = args.depths or shape.depths
     args.chunk = args.chunk or shape.chunk
@@ -496,7 +568,24 @@ def _report_correctness(correctness: dict) -> list[str]:
     return lines
 
 
-def _report_measurements(args: argparse.Namespace, samples: list, constants: dict) -> list[str]:
+# Calibration's rule: each fitted constant finite and > 0, the per-position one >= 0.
+MAY_BE_ZERO = ("prefill_s_per_token_per_position",)
+
+
+def unusable_constants(constants: dict) -> list[str]:
+    """The fitted constants ``Calibration`` would refuse (see MAY_BE_ZERO)."""
+    return [
+        name
+        for name, value in constants.items()
+        if not math.isfinite(value)
+        or value < 0
+        or (value == 0 and name not in MAY_BE_ZERO)
+    ]
+
+
+def _report_measurements(
+    args: argparse.Namespace, samples: list, constants: dict
+) -> list[str]:
     lines = [
         f"prefill of one layer, {args.prefill_form} form, chunk {args.chunk}:",
         f"  {'depth':>8s} {'median ms':>10s} {'us/token':>9s}",
@@ -513,7 +602,9 @@ def _report_measurements(args: argparse.Namespace, samples: list, constants: dic
     lines += [f"  {name:34s}{value:.4e}" for name, value in constants.items()]
     zero = [name for name, value in constants.items() if value == 0]
     if zero:
-        lines.append(f"warning: {', '.join(zero)} fitted to 0 (kept >= 0): timings too noisy")
+        lines.append(
+            f"warning: {', '.join(zero)} fitted to 0 (kept >= 0): timings too noisy"
+        )
     return lines
 
 
@@ -538,14 +629,23 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     threads = torch.get_num_threads()
     if device.type == "cpu":
-        torch.set_num_threads(1)  # steady timings on a shared machine; CPU runs test the pipeline
+        torch.set_num_threads(1)  # steady timings on a shared CPU
     try:
-        samples = measure_prefill(layer, args.depths, args.chunk, args.repeats, args.prefill_form)
+        samples = measure_prefill(
+            layer, args.depths, args.chunk, args.repeats, args.prefill_form
+        )
         samples += measure_h2d(layer.shape, device, dtype, args.repeats)
     finally:
         torch.set_num_threads(threads)
     constants = fit(samples)
     print("\n".join(_report_measurements(args, samples, constants)))
+    unusable = unusable_constants(constants)
+    if unusable:
+        print(
+            f"unusable fit: {', '.join(unusable)} must be > 0 for the cost model; "
+            "no calibration written (rerun with more --repeats on a quieter device)"
+        )
+        return 1
 
     if args.calibration_out is not None:
         calibration = {

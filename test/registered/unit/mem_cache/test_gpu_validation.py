@@ -16,6 +16,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -23,7 +24,7 @@ from sglang.srt.mem_cache.mla_cost_model import Calibration, KVCostModel
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
 _REPO = Path(__file__).resolve().parents[4]
 SCRIPT = _REPO / "benchmark" / "mla_eviction" / "gpu_validation.py"
@@ -79,7 +80,9 @@ class TestAbsorbedEqualsExpanded(CustomTestCase):
             self.assertLess(result[case]["rel_error"], 2e-2)
 
     def test_perturbed_absorption_is_detected(self):
-        result = gv.check_correctness(gv.MLALayer(TINY, CPU, torch.float32), perturb=1e-2)
+        result = gv.check_correctness(
+            gv.MLALayer(TINY, CPU, torch.float32), perturb=1e-2
+        )
         self.assertFalse(result["passed"])
         for case in ("prefill", "decode"):
             self.assertGreater(result[case]["rel_error"], 1e-3, case)
@@ -105,6 +108,26 @@ class TestAbsorbedEqualsExpanded(CustomTestCase):
 
 
 class TestFit(CustomTestCase):
+    def test_unusable_constants_follow_calibrations_rule(self):
+        good = {
+            "prefill_s_per_token": 1e-6,
+            "prefill_s_per_token_per_position": 0.0,  # may be 0
+            "h2d_s_per_token_per_layer": 1e-9,
+        }
+        self.assertEqual(gv.unusable_constants(good), [])
+        Calibration("gpu", *good.values())  # accepted as well
+        for name, value in (
+            ("prefill_s_per_token", 0.0),
+            ("h2d_s_per_token_per_layer", 0.0),
+            ("prefill_s_per_token_per_position", float("nan")),
+            ("prefill_s_per_token", float("inf")),
+        ):
+            with self.subTest(name=name, value=value):
+                bad = dict(good, **{name: value})
+                self.assertEqual(gv.unusable_constants(bad), [name])
+                with self.assertRaises(ValueError):
+                    Calibration("gpu", *bad.values())
+
     def test_attended_positions(self):
         self.assertEqual(gv.attended_positions(0, 4), 1 + 2 + 3 + 4)
         self.assertEqual(gv.attended_positions(3, 2), 4 + 5)
@@ -112,8 +135,12 @@ class TestFit(CustomTestCase):
     def test_recovers_exact_constants(self):
         a, b, h, latency = 2e-6, 3e-8, 5e-9, 1e-5
         samples = [
-            {"kind": "prefill", "chunk": 256, "attended_positions": gv.attended_positions(d, 256),
-             "seconds_median": a * 256 + b * gv.attended_positions(d, 256)}
+            {
+                "kind": "prefill",
+                "chunk": 256,
+                "attended_positions": gv.attended_positions(d, 256),
+                "seconds_median": a * 256 + b * gv.attended_positions(d, 256),
+            }
             for d in (0, 512, 2048)
         ] + [
             {"kind": "h2d", "tokens": n, "seconds_median": h * n + latency}
@@ -138,8 +165,14 @@ class TestCalibrationOutput(CustomTestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.path = Path(cls.tmp.name) / "calibration.json"
         cls.status, cls.stdout, _ = run_main(
-            "--preset", "tiny", "--device", "cpu", "--repeats", "9",
-            "--calibration-out", str(cls.path),
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--repeats",
+            "9",
+            "--calibration-out",
+            str(cls.path),
         )
         cls.data = json.loads(cls.path.read_text())
 
@@ -157,45 +190,85 @@ class TestCalibrationOutput(CustomTestCase):
         d = self.data
         self.assertEqual(
             set(d),
-            {"schema", "gpu_name", "torch_version", "date", "preset", "dtype", "device",
-             "fit", "samples", "correctness"},
+            {
+                "schema",
+                "gpu_name",
+                "torch_version",
+                "date",
+                "preset",
+                "dtype",
+                "device",
+                "fit",
+                "samples",
+                "correctness",
+            },
         )
         self.assertEqual(d["schema"], "mla-eviction-calibration/1")
-        self.assertEqual((d["preset"], d["dtype"], d["device"]), ("tiny", "float32", "cpu"))
+        self.assertEqual(
+            (d["preset"], d["dtype"], d["device"]), ("tiny", "float32", "cpu")
+        )
         self.assertEqual(d["torch_version"], torch.__version__)
         datetime.date.fromisoformat(d["date"])
         self.assertTrue(d["correctness"]["passed"])
         prefill = [s for s in d["samples"] if s["kind"] == "prefill"]
         self.assertEqual([s["depth"] for s in prefill], [0, 512, 1024, 2048])
         for s in prefill:
-            self.assertEqual(s["attended_positions"], gv.attended_positions(s["depth"], 256))
+            self.assertEqual(
+                s["attended_positions"], gv.attended_positions(s["depth"], 256)
+            )
             self.assertEqual((s["form"], s["heads"], s["chunk"]), ("expanded", 4, 256))
             self.assertEqual(len(s["seconds"]), 9)
         h2d = [s for s in d["samples"] if s["kind"] == "h2d"]
         self.assertEqual([s["tokens"] for s in h2d], [1024, 8192, 65536])
         self.assertEqual(h2d[0]["bytes"], 1024 * (32 + 8) * 4)
-        self.assertEqual({s["method"] for s in h2d}, {"host -> host plain copy (no GPU)"})
+        self.assertEqual(
+            {s["method"] for s in h2d}, {"host -> host plain copy (no GPU)"}
+        )
 
     def test_loads_into_cost_model_with_positive_constants(self):
         cal = Calibration.load(self.path)
         fit = self.data["fit"]
         self.assertEqual(cal.prefill_s_per_token, fit["prefill_s_per_token"])
-        # The fit clamps each term at 0; CPU timing noise may zero one, never both.
-        self.assertGreaterEqual(cal.prefill_s_per_token, 0)
+        # Written only when Calibration accepts it: a, h > 0 and b >= 0.
+        self.assertGreater(cal.prefill_s_per_token, 0)
         self.assertGreaterEqual(cal.prefill_s_per_token_per_position, 0)
-        self.assertGreater(cal.prefill_s_per_token + cal.prefill_s_per_token_per_position, 0)
         self.assertGreater(cal.h2d_s_per_token_per_layer, 0)
         model = KVCostModel.from_preset("deepseek-v3", calibration=cal)
-        want = 61 * (10 * cal.prefill_s_per_token + 55 * cal.prefill_s_per_token_per_position)
-        self.assertAlmostEqual(model.prefill_seconds(0, 10), want, delta=want * 1e-12)
-        self.assertAlmostEqual(
-            model.reload_seconds_per_token, 61 * cal.h2d_s_per_token_per_layer, delta=1e-18
+        # 61 layers; positions 0..9 attend to 1 + 2 + ... + 10 = 55 tokens.
+        want = 61 * (
+            10 * cal.prefill_s_per_token + 55 * cal.prefill_s_per_token_per_position
         )
+        self.assertAlmostEqual(model.prefill_seconds(0, 10) / want, 1.0, delta=1e-12)
+        # h is recorded, not priced: no cost depends on it.
+        other = dataclasses.replace(cal, h2d_s_per_token_per_layer=1.0)
+        model2 = KVCostModel.from_preset("deepseek-v3", calibration=other)
+        self.assertEqual(model2.prefill_seconds(0, 10), model.prefill_seconds(0, 10))
+
+    def test_unusable_fit_exits_1_and_writes_nothing(self):
+        path = Path(self.tmp.name) / "zero.json"
+        zero = {
+            "prefill_s_per_token": 0.0,
+            "prefill_s_per_token_per_position": 1e-9,
+            "h2d_s_per_token_per_layer": 1e-9,
+        }
+        with mock.patch.object(gv, "fit", return_value=zero):
+            status, out, _ = run_main(
+                "--preset", "tiny", "--device", "cpu", "--repeats", "1",
+                "--depths", "0,64", "--chunk", "16", "--calibration-out", str(path),
+            )  # fmt: skip
+        self.assertEqual(status, 1)
+        self.assertIn("unusable fit: prefill_s_per_token must be > 0", out)
+        self.assertFalse(path.exists())
 
     def test_failed_check_exits_1_and_writes_nothing(self):
         path = Path(self.tmp.name) / "bad.json"
         status, out, _ = run_main(
-            "--preset", "tiny", "--perturb-absorption", "0.01", "--calibration-out", str(path)
+            "--preset",
+            "tiny",
+            "--perturb-absorption",
+            "0.01",
+            "--calibration-out",
+            str(path),
         )
         self.assertEqual(status, 1)
         self.assertIn("FAIL", out)
@@ -216,7 +289,12 @@ class TestCommandLine(CustomTestCase):
             (["--preset", "tiny", "--chunk", "0"], "--chunk"),
             (["--preset", "tiny", "--repeats", "many"], "--repeats"),
             (["--preset", "tiny", "--tp", "3"], "--tp 3: must divide the 4 heads"),
-            (["--preset", "tiny", "--calibration-out", "/no/such/dir/c.json"], "--calibration-out"),
+            (
+                ["--preset", "tiny", "--calibration-out", "/no/such/dir/c.json"],
+                "--calibration-out",
+            ),
+            (["--preset", "tiny", "--calibration-out", "/dev/null"], "/dev/null"),
+            (["--preset", "tiny", "--calibration-out", "/tmp"], "--calibration-out"),
         ]
         if not torch.cuda.is_available():
             cases.append((["--preset", "tiny", "--device", "cuda"], "no CUDA device"))
@@ -233,7 +311,9 @@ class TestCommandLine(CustomTestCase):
             text=True,
         )
         self.assertEqual(bad.returncode, 2)
-        self.assertIn("argument --depths: need at least two different depths", bad.stderr)
+        self.assertIn(
+            "argument --depths: need at least two different depths", bad.stderr
+        )
 
 
 if __name__ == "__main__":
