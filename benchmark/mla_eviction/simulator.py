@@ -121,6 +121,11 @@ class FutureIndex:
     """When each block is next requested: the oracle behind the ``optimal`` bound."""
 
     def __init__(self, trace: Trace):
+        self.index(trace)
+
+    def index(self, trace: Trace) -> None:
+        """Index ``trace``'s block uses (forgetting any earlier trace's)."""
+        self.trace = trace
         self.uses: dict[int, list[int]] = {}
         for i, req in enumerate(trace.requests):
             for block in req.hash_ids:
@@ -265,8 +270,14 @@ class Replayer:
         return ids
 
     def run(self, progress=None) -> ReplayResult:
-        """Replay the trace at its arrival times."""
+        """Replay ``self.trace`` at its arrival times until every request finished;
+        ``progress()`` is called once per finished or rejected request.
+
+        A later call replays whatever ``trace`` is then, on the same cache, and adds
+        to the same result (a soak sets one chunk after another)."""
         gc.collect()  # an earlier replay's garbage is not this one's cache CPU
+        if self.future is not None and self.future.trace is not self.trace:
+            self.future.index(self.trace)
         queue: deque = deque()
         events: list = []  # heap of (time, seq, step, state); step 0: prefill done
         arrivals = iter(enumerate(self.trace.requests))
