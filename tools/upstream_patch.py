@@ -1,653 +1,132 @@
-"""Export this project as a patch series against upstream SGLang, and prove it works there.
+"""Export the mla_aware eviction policy as a patch series against upstream SGLang.
 
-    python benchmark/mla_eviction/upstream_patch.py export --out DIR
-    python benchmark/mla_eviction/upstream_patch.py check
+    python tools/upstream_patch.py export --out DIR
+    python tools/upstream_patch.py check [--keep DIR]
 
-``export`` lays out the installed sglang 0.5.23 wheel as upstream's tree
-(``python/sglang/...``) in a throwaway git repository, commits it as the base, adds our
-changes as commits and writes them with ``git format-patch`` into DIR
-(``0001-....patch`` and so on), ready for ``git am`` in an SGLang checkout:
+``export`` lays the installed sglang 0.5.23 wheel out as upstream's tree
+(``python/sglang/...``) in a throwaway git repository, with the two upstream docs pages
+the series edits (``tools/upstream/pages.json``), commits that as the base, commits
+the series on top and writes it with ``git format-patch`` into DIR, one PR description
+beside each patch (``0001-....md``):
 
-1. the modules: ``[tool.setuptools] py-modules`` of pyproject.toml minus the plugin and the
-   version check (upstream registers the policy in its own code, and merged code needs no
-   version guard);
-2. the wiring, generated from the wheel's own files by exact-string edits that fail
-   loudly when an anchor is missing: ``mla_aware`` in ``_EVICTION_POLICY_FACTORIES`` and
-   ``RADIX_EVICTION_POLICY_CHOICES``; an ``mla_aware_eviction`` field in the memory
-   namespace, resolved by a new ``handle_mla_aware_eviction`` step of the resolution
-   pipeline (it selects the policy for MLA/DSA models and keeps the stock one for others);
-   the Python tree core for this policy (``_rust_fallback_reason``); the served model's
-   config passed to the policy where ``kv_cache_builder.py`` builds ``CacheInitParams``;
-   victim trimming (``mla_victim_trim``): ``eviction(...)`` around the component walk of
-   ``UnifiedRadixCache._evict`` and ``trim_victim(...)`` in each step of
-   ``UnifiedTreeCore.evict_device_next_node``; the leaf index (``mla_leaf_index``):
-   ``start_walk``, ``next_node`` and ``end_walk`` in the Full component's eviction walk;
-   sessions (``mla_sessions``): ``note_insert(...)`` after each tree's insert and
-   ``close(...)`` in ``release_radix_session`` of both trees and in
-   ``SessionController.close``;
-3. the tests: every ``test/registered/unit/mem_cache/test_*.py`` that depends on nothing
-   outside the exported modules (no plugin, no version check, nothing under
-   ``benchmark/``), plus ``test_mla_aware_eviction_wiring.py``, generated here, which tests
-   the wiring through SGLang's own code paths. A test that takes only ``register()`` from
-   the plugin, to put the policy in the registry, is exported without it: upstream
-   registers the policy on import. The plugin's own tests are not exported; what they
-   cover (flag -> policy, the stock policy for non-MLA models, the conflict with an
-   explicit policy, the Python tree core, the model config reaching the policy) is what
-   the wiring test covers upstream;
-4. ``docs/advanced_features/mla_aware_eviction.md``, when the project has it.
+0001  ``EvictionStrategy.on_evict(node)``: the tree tells the strategy of each device
+      victim (FullComponent's eviction walk, legacy ``RadixCache.evict``); a test.
+0002  the cost model and the ``mla_aware`` policy (copied from this project), their
+      registration, ``--mla-aware-eviction`` and its resolution step, the Rust
+      TreeCore fallback, the served model's cost model in ``kv_cache_builder.py``, the
+      flag's row in ``server_arguments.mdx``.
+0003  the project's tests that need nothing but the series and SGLang, plus a wiring
+      test (``tools/upstream/tests/``).
+0004  the docs page (``docs/advanced_features/mla_aware_eviction.mdx`` of this
+      project, when it exists) and the ``mla_aware`` rows of the eviction-policy page.
 
-``check`` lays the wheel out again in a new repository, builds and exports the series
-on a branch there, applies it with ``git am`` to another branch from the pristine
-wheel commit and runs the exported tests against that tree: ``PYTHONPATH`` is its ``python/``
-directory, ``SGLANG_PLUGINS`` names no installed plugin, and the editable install of
-this project is taken off the import path, so the tests see only the patched tree.
-Exit status 0 means the series applies and its tests pass.
+SGLang's files are changed by exact-string :class:`Edit` s whose anchors must occur
+once, so a changed upstream fails loudly instead of producing a wrong patch. Dates and
+author are fixed, so two exports of the same project are byte-identical.
+
+``check`` builds and exports the series again on a fresh layout, applies it with
+``git am`` to the pristine base, checks the patches (added non-test lines per patch,
+forbidden strings) and the format of every Python file the series adds or changes
+(ruff format and isort as upstream runs them), then runs the tests the series adds
+with pytest against the patched tree: ``PYTHONPATH`` is its ``python/``, no SGLang
+plugin is loaded, and this project's editable install is off the import path. Exit
+status 0 only if everything passes.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
-import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata, util
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[2]
-SGLANG_VERSION = "0.5.23"
+from upstream.describe import line_counts, summary_table, write_descriptions
+from upstream.edits import (
+    DOCS,
+    DOCS_EDITS_0002,
+    EDITS_0001,
+    EDITS_0002,
+    MEM_CACHE,
+    MESSAGES,
+    SGLANG_VERSION,
+    SUITE,
+    TEST_DIR,
+    Edit,
+    ExportError,
+    apply_edits,
+    docs_edits_0004,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent / "upstream"
+# The project's page for upstream, and the product modules the series adds.
+PROJECT_PAGE = "docs/advanced_features/mla_aware_eviction.mdx"
+MODULES = ("mla_cost_model", "mla_aware_policy")
+# Project tests that go upstream when they depend on nothing but the series.
+CANDIDATE_TESTS = ("test_mla_cost_model.py", "test_mla_aware_policy.py")
 NOT_UPSTREAM = (
     "sglang.srt.mem_cache.mla_eviction_plugin",
-    "sglang.srt.mem_cache.mla_version_check",
+    "sglang.srt.mem_cache.latent_cache_analyzer",
+    "sglang.srt.plugins",
 )
-TEST_DIR = "test/registered/unit/mem_cache"
-DOCS = ("docs/advanced_features/mla_aware_eviction.md",)
-WIRING_TEST = f"{TEST_DIR}/test_mla_aware_eviction_wiring.py"
+FORBIDDEN = ("mla_eviction_plugin", "HookRegistry", "stage-a-test-cpu")
+MAX_NON_TEST_LINES = 800
 DEFAULT_AUTHOR = "sglang-mla-eviction <sglang-mla-eviction@users.noreply.github.com>"
 # Fixed dates keep the exported series byte-identical from one run to the next.
 _GIT_DATE = "2026-11-01T00:00:00+00:00"
 _PLUGINS_OFF = "none-of-the-installed-plugins"
 _SERIES_BRANCH = "mla-aware-eviction"
-_NOT_UPSTREAM_NAMES = tuple(m.rsplit(".", 1)[1] for m in NOT_UPSTREAM)
-
-
-class ExportError(RuntimeError):
-    """The series cannot be built: a missing module, an anchor not found, a bad wheel."""
-
-
-# ---------------------------------------------------------------------------
-# What to export
-# ---------------------------------------------------------------------------
-
-
-def exported_modules(root: Path = ROOT) -> list[str]:
-    """Dotted names of the modules upstream gets: pyproject's py-modules minus NOT_UPSTREAM."""
-    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
-    try:
-        modules = pyproject["tool"]["setuptools"]["py-modules"]
-    except KeyError:
-        raise ExportError("pyproject.toml has no [tool.setuptools] py-modules") from None
-    return [m for m in modules if m not in NOT_UPSTREAM]
-
-
-def module_path(module: str) -> str:
-    """Repository path of a dotted module name: ``python/sglang/.../name.py``."""
-    return "python/" + module.replace(".", "/") + ".py"
-
-
-def project_dependencies(source: str) -> list[str]:
-    """What in a test's source ties it to this project rather than to SGLang.
-
-    Imports of the plugin or the version check, strings naming them (``mock.patch``
-    targets), and strings naming the project's ``benchmark`` directory (path joins);
-    docstrings are not read, and ``sglang.benchmark`` is SGLang's own.
-    """
-    tree = ast.parse(source)
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    imports, strings = [], []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imports += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            imports += [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if id(node) not in docstrings:
-                strings.append(node.value)
-    found = {m for name in imports + strings for m in _NOT_UPSTREAM_NAMES if m in name}
-    if any(re.search(r"(^|[/\\])benchmark([/\\]|$)", s) for s in strings):
-        found.add("benchmark/")
-    return sorted(found)
-
-
-def exported_tests(root: Path = ROOT) -> dict[str, str]:
-    """Path -> upstream source of the project's tests that need only the export.
-
-    A test that uses the plugin only to register the policy is exported without that
-    (see :func:`drop_plugin_registration`); any other tie to the project leaves it out.
-    """
-    tests = {}
-    for path in sorted((root / TEST_DIR).glob("test_*.py")):
-        source = drop_plugin_registration(path.read_text(), str(path))
-        if not project_dependencies(source):
-            tests[str(path.relative_to(root))] = source
-    return tests
-
-
-_PLUGIN_REGISTER_IMPORT = f"from {NOT_UPSTREAM[0]} import register\n"
-_SETUP_NAMES = ("setUp", "setUpClass", "setUpModule")
-
-
-def drop_plugin_registration(source: str, name: str = "<test>") -> str:
-    """``source`` without the plugin's ``register()``, if that is all it takes from the plugin.
-
-    Upstream registers ``mla_aware`` when ``sglang.srt.mem_cache.utils`` is imported, so
-    a test that imports ``register`` from the plugin and only calls it as a statement
-    (``register()``) loses the import and the calls; a setUp/setUpClass that did nothing
-    else goes too. Any other use of ``register`` leaves the source unchanged.
-    """
-    if _PLUGIN_REGISTER_IMPORT not in source:
-        return source
-    tree = ast.parse(source)
-    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "register"]
-    drop: list[tuple[int, int, Optional[str]]] = []  # (first line, last line, replacement)
-    for owner in ast.walk(tree):
-        for body in (getattr(owner, f, None) for f in ("body", "orelse", "finalbody")):
-            if not isinstance(body, list):
-                continue
-            for stmt in body:
-                if not _is_register_call(stmt):
-                    continue
-                if len(body) > 1:
-                    drop.append((stmt.lineno, stmt.end_lineno, None))
-                elif isinstance(owner, ast.FunctionDef) and owner.name in _SETUP_NAMES:
-                    first = min([owner.lineno] + [d.lineno for d in owner.decorator_list])
-                    drop.append((first, owner.end_lineno, None))
-                else:
-                    drop.append((stmt.lineno, stmt.end_lineno, " " * stmt.col_offset + "pass"))
-    if len(drop) != len(uses):
-        return source
-    lines = source.splitlines(keepends=True)
-    for first, last, replacement in sorted(drop, reverse=True):
-        blank_after = last < len(lines) and not lines[last].strip() and replacement is None
-        lines[first - 1 : last + blank_after] = [replacement + "\n"] if replacement else []
-    result = "".join(lines).replace(_PLUGIN_REGISTER_IMPORT, "", 1)
-    try:
-        ast.parse(result)
-    except SyntaxError as e:
-        raise ExportError(f"{name}: dropping the plugin's register() broke it: {e}") from None
-    return result
-
-
-def _is_register_call(stmt: ast.stmt) -> bool:
-    return (
-        isinstance(stmt, ast.Expr)
-        and isinstance(stmt.value, ast.Call)
-        and isinstance(stmt.value.func, ast.Name)
-        and stmt.value.func.id == "register"
-        and not stmt.value.args
-        and not stmt.value.keywords
-    )
+FORMAT_CHECKS = (
+    ("ruff format", ("-m", "ruff", "format", "--line-length", "88", "--diff")),
+    ("isort", ("-m", "isort", "--profile", "black", "-p", "sglang", "--diff")),
+)
 
 
 # ---------------------------------------------------------------------------
-# Edits of SGLang's own files
+# Upstream docs pages and the base tree
 # ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Edit:
-    """Put ``text`` after, before or instead of ``anchor``, which must occur exactly once."""
+class Page:
+    """An upstream docs page the series edits, cached under tools/upstream/pages/."""
 
-    path: str  # in the upstream tree, e.g. python/sglang/srt/mem_cache/utils.py
-    anchor: str
-    text: str
-    where: str = "after"  # "after", "before" or "replace"
+    path: str  # in upstream's tree
+    commit: str
+    sha256: str
+    chars: int  # of the upstream file
+    excerpt: Optional[tuple[int, int]]  # [start, end) characters, or the whole file
 
-    def apply(self, source: str) -> str:
-        count = source.count(self.anchor)
-        if count != 1:
-            raise ExportError(
-                f"{self.path}: anchor found {count} times (expected once), so this "
-                f"sglang is not the {SGLANG_VERSION} the series is generated for:\n"
-                f"{self.anchor}"
-            )
-        new = {
-            "after": self.anchor + self.text,
-            "before": self.text + self.anchor,
-            "replace": self.text,
-        }[self.where]
-        return source.replace(self.anchor, new)
+    @property
+    def cache(self) -> Path:
+        return HERE / "pages" / Path(self.path).name
 
 
-_SRT = "python/sglang/srt"
-
-_MEMORY_FIELD = '''\
-    mla_aware_eviction: A[
-        bool,
-        Arg(
-            help=(
-                "Evict radix-cache nodes by what they cost to restore (prefill work "
-                "grows with a node's depth; a node that HiCache holds on host "
-                "reloads cheaply), how often they were reused and the bytes they "
-                "hold. Selects --radix-eviction-policy mla_aware for models whose KV "
-                "cache is a compressed latent (MLA/DSA: DeepSeek V2/V3/R1/V3.2, Kimi "
-                "K2); other models keep their policy."
-            ),
-        ),
-    ] = False
-'''
-
-_RESOLUTION_STEP = '''
-
-def handle_mla_aware_eviction(server_args: Any) -> None:
-    """``--mla-aware-eviction``: the ``mla_aware`` eviction policy for MLA/DSA models.
-
-    An explicit, different ``--radix-eviction-policy`` conflicts with the flag
-    (ValueError). A model whose KV cache is not a compressed latent keeps its policy,
-    with a log line, so the flag can stay in a launch config shared by many models.
-    """
-    cfg = resolving_view(server_args)
-    if not cfg.mla_aware_eviction:
-        return
-    policy = cfg.radix_eviction_policy
-    if cfg._radix_eviction_policy_explicitly_set and policy != "mla_aware":
-        raise ValueError(
-            f"--mla-aware-eviction conflicts with --radix-eviction-policy {policy}; "
-            "drop one of them."
+def upstream_pages() -> tuple[str, list[Page]]:
+    """The upstream repository and its pages, from ``tools/upstream/pages.json``."""
+    data = json.loads((HERE / "pages.json").read_text())
+    pages = [
+        Page(
+            p["path"],
+            p["commit"],
+            p["sha256"],
+            p["chars"],
+            tuple(p["excerpt"]) if p.get("excerpt") else None,
         )
-    from sglang.srt.mem_cache.mla_cost_model import (
-        LATENT_KINDS,
-        KVCostModel,
-        ModelConfigError,
-    )
-
-    try:
-        hf_config = model_config_of(server_args).hf_config.to_dict()
-        kind = KVCostModel.from_config(hf_config).attention
-    except ModelConfigError as e:
-        logger.info(
-            "--mla-aware-eviction: %s; keeping --radix-eviction-policy %s.", e, policy
-        )
-        return
-    if kind not in LATENT_KINDS:
-        logger.info(
-            "--mla-aware-eviction: %s attention has no latent KV cache; keeping "
-            "--radix-eviction-policy %s.",
-            kind.value.upper(),
-            policy,
-        )
-        return
-    declare_resolution(
-        server_args, "handle_mla_aware_eviction", radix_eviction_policy="mla_aware"
-    )
-'''
-
-_POLICY_CONFIG_CALL = '''\
-    if params.eviction_policy == "mla_aware" and not params.disable:
-        params.eviction_policy_config = mla_aware_policy_config(
-            params.eviction_policy_config,
-            hf_config=model_config.hf_config.to_dict(),
-            tp_size=parallel.tp_size,
-            page_size=params.page_size,
-            kv_cache_dtype=str(get_model().kv_cache_dtype),
-            host_copies=enable_hierarchical_cache
-            or get_disagg().disaggregation_decode_retraction_backup == "host_pool",
-        )
-'''
-
-# Victim trimming (mla_victim_trim): the eviction's request, then each step of the walk.
-# The leaf index (mla_leaf_index): the Full component's walk, begun, stepped and ended.
-_FULL_COMPONENT = f"{_SRT}/mem_cache/unified_cache/components/full.py"
-_EVICT_COMPONENTS_CALL = """\
-        self._evict_components(
-            request_by_type,
-            tracker,
-            available_size_targets=available_size_targets,
-            allocation_reclaim_satisfied=allocation_reclaim_satisfied,
-        )
-"""
-
-EDITS: tuple[Edit, ...] = (
-    Edit(
-        f"{_SRT}/mem_cache/utils.py",
-        "    TLRUStrategy,\n)\n",
-        "from sglang.srt.mem_cache.mla_aware_policy import create_mla_aware_strategy\n",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/utils.py",
-        '    "tlru": TLRUStrategy,\n',
-        '    "mla_aware": create_mla_aware_strategy,\n',
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/choices.py",
-        '"priority", "tlru"',
-        ', "mla_aware"',
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/fields/memory.py",
-        '                "to LRU. See "\n',
-        '                "to LRU, and \'mla_aware\' evicts first what is cheapest to "\n'
-        '                "restore per byte held (see --mla-aware-eviction). See "\n',
-        where="replace",
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/fields/memory.py",
-        "    disable_radix_cache: A[\n",
-        _MEMORY_FIELD,
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/field_order.py",
-        '    "return_aux_hidden_state_layer_ids",\n',
-        '    "mla_aware_eviction",\n',
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/memory_hook.py",
-        "    return mem_fraction_static * final_overall_factor\n",
-        _RESOLUTION_STEP,
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/pipeline.py",
-        "    run_hook(handle_cache_compatibility, server_args)\n",
-        "    from sglang.srt.arg_groups.memory_hook import handle_mla_aware_eviction\n\n"
-        "    run_hook(handle_mla_aware_eviction, server_args)\n\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/arg_groups/resolution_hooks.py",
-        '        "handle_cache_compatibility",\n',
-        '        "handle_mla_aware_eviction",\n',
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_cache/tree_core_registry.py",
-        "def _rust_fallback_reason(params: CacheInitParams) -> Optional[str]:\n",
-        '    if params.eviction_policy.lower() == "mla_aware":\n'
-        '        return "the mla_aware eviction policy requires the Python TreeCore"\n',
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/kv_cache_builder.py",
-        "    get_disagg,\n    get_memory,\n",
-        "    get_model,\n",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/kv_cache_builder.py",
-        "from sglang.srt.mem_cache.hicache_auto_size import auto_size_hicache\n",
-        "from sglang.srt.mem_cache.mla_aware_policy import mla_aware_policy_config\n",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/kv_cache_builder.py",
-        "    if params.swa_retain_window != sliding_window_size:\n",
-        _POLICY_CONFIG_CALL,
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_radix_cache.py",
-        "from sglang.srt.mem_cache.common import RetractionBackup\n",
-        "from sglang.srt.mem_cache import mla_sessions, mla_victim_trim\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_radix_cache.py",
-        _EVICT_COMPONENTS_CALL,
-        "        with mla_victim_trim.eviction(self, params.num_tokens):\n"
-        + "".join("    " + line for line in _EVICT_COMPONENTS_CALL.splitlines(keepends=True)),
-        where="replace",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_cache/unified_tree_core.py",
-        "from sglang.srt.mem_cache.radix_cache import RadixKey\n",
-        "from sglang.srt.mem_cache import mla_victim_trim\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_cache/unified_tree_core.py",
-        "        result.made_progress = (\n            result.node_id is not None\n",
-        "        mla_victim_trim.trim_victim(self, component_type, tracker, result)\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_radix_cache.py",
-        "                    return step.result\n",
-        "                    mla_sessions.note_insert(self, params, step.result)\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/unified_radix_cache.py",
-        "    def release_radix_session(self, session_id: str) -> int:\n",
-        "        mla_sessions.close(self, session_id)\n",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/radix_cache.py",
-        "from sglang.srt.mem_cache.base_prefix_cache import (\n",
-        "from sglang.srt.mem_cache import mla_sessions\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/radix_cache.py",
-        "        return InsertResult(prefix_len=prefix_len, last_device_node=last_node)\n",
-        "        result = InsertResult(prefix_len=prefix_len, last_device_node=last_node)\n"
-        "        mla_sessions.note_insert(self, params, result)\n"
-        "        return result\n",
-        where="replace",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/base_prefix_cache.py",
-        "from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator\n",
-        "from sglang.srt.mem_cache import mla_sessions\n",
-        where="before",
-    ),
-    Edit(
-        f"{_SRT}/mem_cache/base_prefix_cache.py",
-        "    def release_radix_session(self, session_id: str) -> None:\n        pass\n",
-        "    def release_radix_session(self, session_id: str) -> None:\n"
-        "        mla_sessions.close(self, session_id)\n",
-        where="replace",
-    ),
-    Edit(
-        f"{_SRT}/session/session_controller.py",
-        "from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req\n",
-        "from sglang.srt.mem_cache import mla_sessions\n",
-    ),
-    Edit(
-        f"{_SRT}/session/session_controller.py",
-        "    def close(self, recv_req: CloseSessionReqInput):\n"
-        "        session_id = recv_req.session_id\n",
-        "        mla_sessions.close(self.tree_cache, session_id)\n",
-    ),
-    Edit(_FULL_COMPONENT, "from sglang.srt.mem_cache.base_prefix_cache import (\n",
-         "from sglang.srt.mem_cache import mla_leaf_index\n", where="before"),
-    Edit(
-        _FULL_COMPONENT,
-        "    def _evict_device_start(self, request_cnt: int) -> None:\n",
-        "        if mla_leaf_index.start_walk(self, request_cnt):\n            return\n",
-    ),
-    Edit(
-        _FULL_COMPONENT,
-        "        ct = self.component_type\n        lv = self._evict_device_last_node\n",
-        "        index = mla_leaf_index.walking(self)\n"
-        "        if index is not None:\n"
-        "            return mla_leaf_index.next_node(self, index, tracker)\n",
-        where="before",
-    ),
-    Edit(
-        _FULL_COMPONENT,
-        "    def _evict_device_end(self) -> None:\n",
-        "        mla_leaf_index.end_walk(self)\n",
-    ),
-)
-
-
-def apply_edits(tree: Path, edits: Sequence[Edit] = EDITS) -> list[str]:
-    """Apply ``edits`` to the files under ``tree``; return the paths changed."""
-    changed: dict[str, str] = {}
-    for edit in edits:
-        path = tree / edit.path
-        if edit.path not in changed:
-            if not path.is_file():
-                raise ExportError(f"{edit.path}: not in the sglang {SGLANG_VERSION} tree")
-            changed[edit.path] = path.read_text()
-        changed[edit.path] = edit.apply(changed[edit.path])
-    for rel, text in changed.items():
-        (tree / rel).write_text(text)
-    return list(changed)
-
-
-# The wiring test exported with the series (upstream format; runs on CPU).
-WIRING_TEST_SOURCE = '''\
-"""Wiring of the mla_aware eviction policy and --mla-aware-eviction into SGLang.
-
-The policy and its cost model have their own tests; here: the registry, the CLI flag
-and its resolution for MLA and non-MLA models, the tree-core choice and the policy
-config built from the served model.
-"""
-
-import json
-import os
-import tempfile
-import unittest
-
-from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
-from sglang.srt.arg_groups.overrides import resolution_result
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy, mla_aware_policy_config
-from sglang.srt.mem_cache.mla_cost_model import PRESETS
-from sglang.srt.mem_cache.unified_cache.tree_core_registry import (
-    resolve_tree_core_backend,
-)
-from sglang.srt.mem_cache.utils import get_eviction_strategy
-from sglang.srt.server_args import prepare_server_args
-from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
-
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
-
-
-def _model_dir(root, name):
-    path = os.path.join(root, name)
-    os.makedirs(path)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(PRESETS[name], f)
-    return path
-
-
-class TestMLAAwareEvictionWiring(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory()
-        cls.deepseek = _model_dir(cls._tmp.name, "deepseek-v3")
-        cls.llama = _model_dir(cls._tmp.name, "llama-3-8b")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
-    def resolved_policy(self, *argv):
-        server_args = prepare_server_args(
-            ["--device", "cpu", "--skip-tokenizer-init", *argv]
-        )
-        server_args.resolve_once()
-        return resolution_result(server_args, "radix_eviction_policy")
-
-    def test_policy_is_registered(self):
-        self.assertIn("mla_aware", RADIX_EVICTION_POLICY_CHOICES)
-        strategy = get_eviction_strategy("mla_aware", {"model": "deepseek-v3"})
-        self.assertIsInstance(strategy, MLAAwareStrategy)
-
-    def test_flag_selects_the_policy_for_mla_models(self):
-        policy = self.resolved_policy(
-            "--model-path", self.deepseek, "--mla-aware-eviction"
-        )
-        self.assertEqual(policy, "mla_aware")
-
-    def test_flag_keeps_the_stock_policy_for_other_models(self):
-        policy = self.resolved_policy("--model-path", self.llama, "--mla-aware-eviction")
-        self.assertEqual(policy, "lru")
-
-    def test_without_the_flag_nothing_changes(self):
-        self.assertEqual(self.resolved_policy("--model-path", self.deepseek), "lru")
-
-    def test_explicit_policy_is_honoured_for_any_model(self):
-        policy = self.resolved_policy(
-            "--model-path", self.llama, "--radix-eviction-policy", "mla_aware"
-        )
-        self.assertEqual(policy, "mla_aware")
-
-    def test_flag_conflicts_with_another_explicit_policy(self):
-        with self.assertRaisesRegex(ValueError, "conflicts with --radix-eviction-policy lfu"):
-            self.resolved_policy(
-                "--model-path",
-                self.deepseek,
-                "--mla-aware-eviction",
-                "--radix-eviction-policy",
-                "lfu",
-            )
-
-    def test_policy_uses_the_python_tree_core(self):
-        params = CacheInitParams(
-            disable=False,
-            req_to_token_pool=None,
-            token_to_kv_pool_allocator=None,
-            page_size=1,
-            eviction_policy="mla_aware",
-        )
-        self.assertEqual(resolve_tree_core_backend("rust", params), "python")
-
-    def test_policy_config_describes_the_served_model(self):
-        model = PRESETS["deepseek-v3"]
-        config = mla_aware_policy_config(
-            None, hf_config=model, tp_size=8, page_size=64, kv_cache_dtype="fp8_e4m3"
-        )
-        self.assertEqual(
-            config,
-            {"model": model, "tp_size": 8, "page_size": 64, "kv_cache_dtype": "fp8_e4m3"},
-        )
-        strategy = get_eviction_strategy("mla_aware", config)
-        self.assertEqual(strategy.cost_model.tp_size, 8)
-        self.assertEqual(strategy.cost_model.page_size, 64)
-
-    def test_user_policy_config_wins(self):
-        config = mla_aware_policy_config(
-            {"hit_exponent": 0.5, "tp_size": 2},
-            hf_config=PRESETS["deepseek-v3"],
-            tp_size=8,
-            page_size=1,
-            kv_cache_dtype="auto",
-        )
-        self.assertEqual((config["hit_exponent"], config["tp_size"]), (0.5, 2))
-
-    def test_unpriced_kv_dtype_falls_back_to_the_model_dtype(self):
-        config = mla_aware_policy_config(
-            None,
-            hf_config=PRESETS["deepseek-v3"],
-            tp_size=1,
-            page_size=1,
-            kv_cache_dtype="fp4_e2m1",
-        )
-        self.assertEqual(config["kv_cache_dtype"], "auto")
-
-
-if __name__ == "__main__":
-    unittest.main()
-'''
-
-
-# ---------------------------------------------------------------------------
-# Git plumbing
-# ---------------------------------------------------------------------------
+        for p in data["pages"]
+    ]
+    return data["repo"], pages
 
 
 def installed_sglang_dir() -> Path:
@@ -665,7 +144,7 @@ def installed_sglang_dir() -> Path:
 
 
 def git(repo: Path, *args: str, author: str = DEFAULT_AUTHOR) -> str:
-    """Run git in ``repo`` with a fixed identity and dates; return stdout, raise on failure."""
+    """Run git in ``repo`` with a fixed identity and dates; stdout, or ExportError."""
     name, email = re.fullmatch(r"(.*?)\s*<(.*)>", author).groups()
     env = {
         **os.environ,
@@ -690,37 +169,235 @@ def git(repo: Path, *args: str, author: str = DEFAULT_AUTHOR) -> str:
     return result.stdout
 
 
-def layout_upstream_tree(dest: Path, sglang_dir: Optional[Path] = None) -> Path:
-    """A git repository at ``dest`` holding the wheel as ``python/sglang``, committed."""
+def layout_upstream_tree(
+    dest: Path,
+    sglang_dir: Optional[Path] = None,
+    warnings: Optional[list] = None,
+    only: Optional[Iterable[str]] = None,
+) -> Path:
+    """A git repository at ``dest``: the wheel as ``python/sglang`` and the cached
+    upstream docs pages, committed on ``main``. A page missing from the cache, or not
+    the one pages.json records, is left out with a warning.
+
+    ``only``: lay out just these ``python/sglang/...`` files (enough to write the
+    series, whose patches do not depend on the files they leave alone).
+    """
     sglang_dir = sglang_dir or installed_sglang_dir()
     dest.mkdir(parents=True)
-    shutil.copytree(
-        sglang_dir,
-        dest / "python" / "sglang",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-        copy_function=shutil.copyfile,
-    )
+    if only is None:
+        shutil.copytree(
+            sglang_dir,
+            dest / "python" / "sglang",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            copy_function=shutil.copyfile,
+        )
+    for rel in only or ():
+        source = sglang_dir / Path(rel).relative_to("python/sglang")
+        if not source.is_file():
+            raise ExportError(f"{rel}: not in the sglang {SGLANG_VERSION} wheel")
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest / rel)
+    repo, pages = upstream_pages()
+    laid = []
+    for page in pages:
+        if not page.cache.is_file():
+            _warn(
+                warnings,
+                f"{page.path}: no cached copy at {page.cache}; its edits are left out",
+            )
+            continue
+        text = page.cache.read_text()
+        if hashlib.sha256(text.encode()).hexdigest() != page.sha256:
+            _warn(
+                warnings,
+                f"{page.cache}: not the page pages.json records; its edits are left out",
+            )
+            continue
+        (dest / page.path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / page.path).write_text(text)
+        laid.append(f"{page.path} @ {page.commit[:12]}")
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", f"sglang {SGLANG_VERSION} (the PyPI wheel's python package)")
+    message = f"sglang {SGLANG_VERSION} (the PyPI wheel's python package)"
+    if laid:
+        message += f"\n\nDocs pages from {repo}: " + ", ".join(laid)
+    git(dest, "commit", "-q", "-m", message)
     return dest
 
 
-def _add_files(tree: Path, files: dict[str, str]) -> list[str]:
-    """Write new files (path -> text) into ``tree``; an existing path is an error."""
-    for rel, text in files.items():
-        if (tree / rel).exists():
-            raise ExportError(f"{rel}: already in the sglang tree; refusing to overwrite")
-        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tree / rel).write_text(text)
-    return list(files)
+def _warn(warnings: Optional[list], message: str) -> None:
+    if warnings is not None and message not in warnings:
+        warnings.append(message)
 
 
-def _read(root: Path, paths: Iterable[str]) -> dict[str, str]:
-    missing = [p for p in paths if not (root / p).is_file()]
-    if missing:
-        raise ExportError(f"listed for export but missing from {root}: {', '.join(missing)}")
-    return {p: (root / p).read_text() for p in paths}
+# ---------------------------------------------------------------------------
+# Which project tests go upstream
+# ---------------------------------------------------------------------------
+
+
+def _docstring_ids(tree: ast.AST) -> set[int]:
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def _module_file(roots: Sequence[Path], module: str) -> Optional[Path]:
+    """The source of ``module`` under the first of ``roots`` that has it, or None."""
+    for root in roots:
+        base = root / Path(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        if base.is_dir():
+            return base  # a namespace package
+    return None
+
+
+def _top_level_names(path: Path) -> Optional[set[str]]:
+    """Names a module defines at top level; None if it star-imports (anything goes)."""
+    if path.is_dir():
+        return {p.stem for p in path.iterdir()}
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return names
+
+
+def project_dependencies(source: str, roots: Sequence[Path]) -> list[str]:
+    """What ties a test to this project rather than to the series and SGLang.
+
+    ``roots`` hold ``sglang`` with the series applied: the series' tree's
+    ``python/`` (the modules it adds), then the wheel's directory.
+    Reasons: an import of the plugin, the analyzer or SGLang's plugin machinery (or a
+    string naming them, as ``mock.patch`` targets do); an ``sglang`` module the tree
+    lacks, or a name it lacks in one it has; a module found nowhere but in this
+    project; a string naming the project's ``benchmark`` directory. Docstrings are
+    not read.
+    """
+    parsed = ast.parse(source)
+    docstrings = _docstring_ids(parsed)
+    found: set[str] = set()
+    for node in ast.walk(parsed):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.update(_import_problems(alias.name, (), roots))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = tuple(a.name for a in node.names)
+            found.update(_import_problems(node.module, names, roots))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) in docstrings:
+                continue
+            for module in NOT_UPSTREAM:
+                if module.rsplit(".", 1)[1] in node.value:
+                    found.add(f"names {module}")
+            if "HookRegistry" in node.value:
+                found.add("names HookRegistry")
+            if re.search(r"(^|[/\\])benchmark([/\\]|$)", node.value):
+                found.add("names benchmark/")
+    return sorted(found)
+
+
+def _import_problems(
+    module: str, names: tuple[str, ...], roots: Sequence[Path]
+) -> list[str]:
+    if any(module == m or module.startswith(m + ".") for m in NOT_UPSTREAM):
+        return [f"imports {module}"]
+    for name in names:
+        if f"{module}.{name}" in NOT_UPSTREAM:
+            return [f"imports {module}.{name}"]
+    top = module.split(".")[0]
+    if top == "sglang":
+        path = _module_file(roots, module)
+        if path is None:
+            return [f"imports {module}, which the series' tree lacks"]
+        defined = _top_level_names(path)
+        missing = [
+            n
+            for n in names
+            if defined is not None
+            and n not in defined
+            and _module_file(roots, f"{module}.{n}") is None
+        ]
+        return [f"imports {module}.{n}, which the series' tree lacks" for n in missing]
+    if top in sys.stdlib_module_names:
+        return []
+    spec = util.find_spec(top)
+    origin = spec and (
+        spec.origin or next(iter(spec.submodule_search_locations or ()), None)
+    )
+    if origin is None:
+        return [f"imports {top}, which is not installed"]
+    origin = Path(origin).resolve()
+    installed = {
+        Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")
+    }
+    if origin.is_relative_to(ROOT) and not any(
+        origin.is_relative_to(p) for p in installed
+    ):
+        return [f"imports {top}, found only in this project"]
+    return []
+
+
+def exported_tests(tree: Path, root: Path = ROOT, warnings=None) -> dict[str, str]:
+    """Path -> source of the candidate project tests that need only the series.
+
+    ``tree`` has the series' modules in it. The old CPU suite name becomes upstream's
+    current one. A test left out is named in ``warnings`` with the reason.
+    """
+    tests = {}
+    for name in CANDIDATE_TESTS:
+        rel = f"{TEST_DIR}/{name}"
+        path = root / rel
+        if not path.is_file():
+            _warn(warnings, f"{rel}: not in the project; not exported")
+            continue
+        source = path.read_text().replace('"stage-a-test-cpu"', f'"{SUITE}"')
+        roots = [tree / "python", installed_sglang_dir().parent]
+        reasons = project_dependencies(source, roots)
+        if reasons:
+            _warn(warnings, f"{rel}: not exported: it {'; '.join(reasons)}")
+            continue
+        tests[rel] = source
+    return tests
+
+
+# ---------------------------------------------------------------------------
+# The series
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """What one export produced."""
+
+    patches: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)  # test files the series adds
+    left_out: list[str] = field(default_factory=list)  # project tests not exported
+    with_page: bool = False
 
 
 def _commit(tree: Path, paths: Sequence[str], message: str, author: str) -> None:
@@ -728,46 +405,88 @@ def _commit(tree: Path, paths: Sequence[str], message: str, author: str) -> None
     git(tree, "commit", "-q", "-m", message, author=author)
 
 
-def build_series(tree: Path, root: Path = ROOT, author: str = DEFAULT_AUTHOR) -> None:
-    """Commit our changes on top of the base commit of ``tree``."""
-    modules = exported_modules(root)
-    paths = _add_files(tree, _read(root, [module_path(m) for m in modules]))
-    _commit(
-        tree,
-        paths,
-        "mem_cache: MLA-aware KV cost model and the mla_aware eviction policy\n\n"
-        "Adds a per-token cost model (bytes per rank and prefill work by depth, from the\n"
-        "model config; MLA, DSA, MHA/GQA) and the mla_aware policy, which evicts first\n"
-        "the nodes that are cheapest to restore per byte held, weighted by reuse. The\n"
-        "policy only scores nodes: how much is freed is unchanged.\n\n"
-        f"Modules: {', '.join(m.rsplit('.', 1)[1] for m in modules)}.",
-        author,
+def _add_files(tree: Path, files: dict[str, str]) -> list[str]:
+    """Write new files (path -> text) into ``tree``; an existing path is an error."""
+    for rel, text in files.items():
+        if (tree / rel).exists():
+            raise ExportError(f"{rel}: already in the base tree; refusing to overwrite")
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    return list(files)
+
+
+def _present(tree: Path, edits: Iterable[Edit], series: Series) -> list[Edit]:
+    """The edits whose file is in the base tree; the others warned about."""
+    kept = []
+    for edit in edits:
+        if (tree / edit.path).is_file():
+            kept.append(edit)
+        else:
+            _warn(series.warnings, f"{edit.path}: not in the base tree; not edited")
+    return kept
+
+
+def build_series(tree: Path, root: Path, author: str, series: Series) -> None:
+    """Commit the series on the checked-out branch of ``tree``."""
+    test_files = {
+        f"{TEST_DIR}/test_eviction_strategy_on_evict.py": (
+            HERE / "tests" / "test_eviction_strategy_on_evict.py"
+        ).read_text()
+    }
+    changed = apply_edits(tree, EDITS_0001)
+    _commit(tree, changed + _add_files(tree, test_files), MESSAGES[1], author)
+    series.tests += list(test_files)
+
+    modules = {}
+    for name in MODULES:
+        path = root / "python/sglang/srt/mem_cache" / f"{name}.py"
+        if not path.is_file():
+            raise ExportError(f"{path}: missing; the series needs it")
+        modules[f"{MEM_CACHE}/{name}.py"] = path.read_text()
+    added = _add_files(tree, modules)
+    edits = [*EDITS_0002, *_present(tree, DOCS_EDITS_0002, series)]
+    _commit(tree, added + apply_edits(tree, edits), MESSAGES[2], author)
+
+    tests = exported_tests(tree, root, series.warnings)
+    series.left_out = [
+        f"{TEST_DIR}/{n}" for n in CANDIDATE_TESTS if f"{TEST_DIR}/{n}" not in tests
+    ]
+    wiring = f"{TEST_DIR}/test_mla_aware_eviction_wiring.py"
+    tests[wiring] = (HERE / "tests" / "test_mla_aware_eviction_wiring.py").read_text()
+    _commit(tree, _add_files(tree, tests), MESSAGES[3], author)
+    series.tests += list(tests)
+
+    paths = []
+    page = (
+        (root / PROJECT_PAGE).read_text() if (root / PROJECT_PAGE).is_file() else None
     )
-    changed = apply_edits(tree)
-    _commit(
-        tree,
-        changed,
-        "mem_cache: register mla_aware and add --mla-aware-eviction\n\n"
-        "- mla_aware in _EVICTION_POLICY_FACTORIES and RADIX_EVICTION_POLICY_CHOICES;\n"
-        "- --mla-aware-eviction (memory namespace), resolved by handle_mla_aware_eviction:\n"
-        "  the policy for MLA/DSA models, the stock one for others, an error next to\n"
-        "  another explicit --radix-eviction-policy;\n"
-        "- the Python TreeCore for this policy (the Rust one knows the built-ins only);\n"
-        "- the served model's config, TP size, page size and KV dtype passed to the\n"
-        "  policy where the KV cache builder makes CacheInitParams.",
-        author,
+    unfit = [word for word in FORBIDDEN if page is not None and word in page]
+    if page is None:
+        _warn(
+            series.warnings, f"{PROJECT_PAGE}: not in the project; the page is skipped"
+        )
+    elif unfit:
+        _warn(
+            series.warnings,
+            f"{PROJECT_PAGE}: names {', '.join(unfit)}, which has no place upstream; "
+            "the page is skipped",
+        )
+    else:
+        series.with_page = True
+        paths += _add_files(tree, {f"{DOCS}/mla_aware_eviction.mdx": page})
+    paths += apply_edits(
+        tree, _present(tree, docs_edits_0004(series.with_page), series)
     )
-    tests = _add_files(tree, {**exported_tests(root), WIRING_TEST: WIRING_TEST_SOURCE})
-    _commit(
-        tree,
-        tests,
-        "test: unit tests for the MLA-aware cost model, policy and wiring\n\n"
-        "CPU-only, registered in stage-a-test-cpu.",
-        author,
-    )
-    docs = [d for d in DOCS if (root / d).is_file()]
-    if docs:
-        _commit(tree, _add_files(tree, _read(root, docs)), "docs: MLA-aware eviction", author)
+    if paths:
+        _commit(tree, paths, MESSAGES[4], author)
+    else:
+        _warn(series.warnings, "no docs to export; patch 0004 is skipped")
+
+
+def touched_files() -> list[str]:
+    """The wheel's files the series edits: all a base tree needs to write it."""
+    every = [*EDITS_0001, *EDITS_0002, *DOCS_EDITS_0002, *docs_edits_0004(True)]
+    return sorted({e.path for e in every if e.path.startswith("python/")})
 
 
 def export(
@@ -775,25 +494,35 @@ def export(
     root: Path = ROOT,
     author: str = DEFAULT_AUTHOR,
     base: Optional[Path] = None,
-) -> list[Path]:
-    """Write the series into ``out`` (old ``NNNN-*.patch`` there are removed); return it.
+) -> Series:
+    """Write the series and its PR descriptions into ``out``; return what was written.
 
-    ``base``: a tree from :func:`layout_upstream_tree` to build the series on (on a
-    branch, left as it was found) instead of laying the wheel out again.
+    Old ``NNNN-*.patch`` and ``NNNN-*.md`` files there are removed first. ``base``: a
+    tree from :func:`layout_upstream_tree` to build on (on a branch, dropped
+    afterwards) instead of laying the wheel out again. Raises ExportError when a patch
+    adds more than MAX_NON_TEST_LINES non-test lines or holds a FORBIDDEN string.
     """
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("[0-9][0-9][0-9][0-9]-*.patch"):
+    for old in [
+        *out.glob("[0-9][0-9][0-9][0-9]-*.patch"),
+        *out.glob("[0-9][0-9][0-9][0-9]-*.md"),
+    ]:
         old.unlink()
+    series = Series()
     with tempfile.TemporaryDirectory(prefix="sglang-upstream-") as tmp:
-        tree = base or layout_upstream_tree(Path(tmp) / "sglang")
+        tree = base or layout_upstream_tree(
+            Path(tmp) / "sglang", warnings=series.warnings, only=touched_files()
+        )
         git(tree, "checkout", "-q", "-b", _SERIES_BRANCH, "main")
         try:
-            build_series(tree, root, author)
+            build_series(tree, root, author, series)
             git(
                 tree,
                 "format-patch",
                 "-q",
                 "--no-signature",
+                "--zero-commit",  # no commit ids, and full blob ids: the patches are
+                "--full-index",  # the same from a sparse or a full base tree
                 "-o",
                 str(out.resolve()),
                 f"main..{_SERIES_BRANCH}",
@@ -803,12 +532,98 @@ def export(
                 git(tree, "checkout", "-q", "-f", "main")
                 git(tree, "clean", "-q", "-f", "-d")
                 git(tree, "branch", "-q", "-D", _SERIES_BRANCH)
-    return sorted(out.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+    series.patches = sorted(out.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+    write_descriptions(series, root)
+    problems = patch_problems(series.patches)
+    if problems:
+        raise ExportError("\n".join(problems))
+    return series
 
 
-# Runs pytest on the patched tree (argv: the tree, then pytest's arguments). The
-# editable install of this project comes off the import path first (it would serve the
-# plugin), and the run is refused unless ``import sglang`` finds the tree's package.
+# ---------------------------------------------------------------------------
+# Looking at patches
+# ---------------------------------------------------------------------------
+
+
+def patch_problems(patches: Sequence[Path]) -> list[str]:
+    """Patches over the line limit, or holding a forbidden string."""
+    problems = []
+    for patch in patches:
+        non_test, _ = line_counts(patch)
+        if non_test > MAX_NON_TEST_LINES:
+            problems.append(
+                f"{patch.name}: adds {non_test} non-test lines (at most "
+                f"{MAX_NON_TEST_LINES})"
+            )
+        text = patch.read_text()
+        for word in FORBIDDEN:
+            if word in text:
+                problems.append(f"{patch.name}: contains {word!r}")
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------
+
+
+def format_problems(tree: Path, base: str = "main") -> list[str]:
+    """Python files the series adds or changes that are not formatted as upstream's.
+
+    A new file must pass ruff format (88 columns) and isort (black profile, sglang
+    first-party) as it is. A changed SGLang file may keep a deviation it already
+    had in the base (0.5.23 is not entirely clean); it may not gain one.
+    """
+    status = git(tree, "diff", "--name-status", base, "HEAD", "--", "*.py")
+    problems = []
+    for line in status.splitlines():
+        kind, rel = line.split("\t", 1)
+        for tool, argv in FORMAT_CHECKS:
+            new = _format_diff(tree, argv, (tree / rel).read_text(), rel)
+            if new is None:
+                problems.append(
+                    f"format: {rel}: {tool} could not run (python3 {' '.join(argv)})"
+                )
+                continue
+            if kind != "A":
+                old = _format_diff(tree, argv, git(tree, "show", f"{base}:{rel}"), rel)
+                new -= old or set()
+            if new:
+                problems.append(
+                    f"format: {rel}: not {tool}-clean ({len(new)} change(s) needed)"
+                )
+    return problems
+
+
+def _format_diff(
+    tree: Path, argv: Sequence[str], source: str, rel: str
+) -> Optional[set]:
+    """The changes ``python3 argv`` would make to ``source``, as a set of
+    (removed lines, added lines) per hunk so that line offsets do not matter."""
+    with tempfile.TemporaryDirectory(dir=tree) as tmp:
+        path = Path(tmp) / Path(rel).name
+        path.write_text(source)
+        try:
+            result = subprocess.run(
+                ["python3", *argv, str(path)], cwd=tree, capture_output=True, text=True
+            )
+        except OSError:
+            return None
+        if result.returncode not in (0, 1) or "No module named" in result.stderr:
+            return None
+        changes, removed, added = set(), [], []
+        for line in result.stdout.splitlines() + ["@@"]:
+            if line.startswith(("@@", "---", "+++")):
+                if removed or added:
+                    changes.add((tuple(removed), tuple(added)))
+                removed, added = [], []
+            elif line.startswith("-"):
+                removed.append(line[1:])
+            elif line.startswith("+"):
+                added.append(line[1:])
+        return changes
+
+
 _PYTEST = """\
 import sys
 from importlib.machinery import PathFinder
@@ -817,8 +632,8 @@ sys.meta_path[:] = [
     f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
 ]
 sglang = PathFinder.find_spec("sglang")
-if sglang is None or not sglang.origin.startswith(sys.argv[1]):
-    sys.exit(f"sglang is not the patched tree's: {sglang and sglang.origin}")
+if sglang is None or not str(sglang.submodule_search_locations[0]).startswith(sys.argv[1]):
+    sys.exit(f"sglang is not the patched tree's: {sglang}")
 import pytest
 
 sys.exit(pytest.main(sys.argv[2:]))
@@ -826,7 +641,7 @@ sys.exit(pytest.main(sys.argv[2:]))
 
 
 def _tree_pythonpath(tree: Path) -> str:
-    """The tree's ``python/`` first; of the caller's PYTHONPATH, entries without an sglang."""
+    """The tree's ``python/`` first; of the caller's PYTHONPATH, entries without sglang."""
     kept = [
         entry
         for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -836,54 +651,85 @@ def _tree_pythonpath(tree: Path) -> str:
 
 
 def check(root: Path = ROOT, keep: Optional[Path] = None) -> int:
-    """Export, apply to a fresh upstream tree with ``git am``, run the exported tests there.
+    """Export, apply to the pristine base with ``git am``, check, run the tests.
 
-    The wheel is laid out once, in a new repository whose ``main`` is the pristine
-    wheel; the series is built on a branch there (then dropped, the work tree restored
-    and cleaned) and applied with ``git am`` to a second branch from ``main``. (A
-    second copy of the wheel would cost more file-system time than the tests.)
+    The series is built on a full layout of the wheel and must equal, byte for byte,
+    what ``export`` writes from its sparse one.
     """
     with tempfile.TemporaryDirectory(prefix="sglang-upstream-check-") as tmp:
         work = keep or Path(tmp)
-        tree = layout_upstream_tree(work / "sglang")
-        patches = export(work / "patches", root, base=tree)
+        warnings: list[str] = []
+        tree = layout_upstream_tree(work / "sglang", warnings=warnings)
+        try:
+            series = export(work / "patches", root, base=tree)
+            exported = export(work / "exported", root)
+        except ExportError as e:
+            print(f"FAIL export: {e}", file=sys.stderr)
+            return 1
+        for warning in warnings + series.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        problems = []
+        if _contents(series.patches) != _contents(exported.patches):
+            problems.append("export: the sparse export differs from the full one")
         git(tree, "checkout", "-q", "-b", "upstream-check", "main")
-        git(tree, "am", "-q", *map(str, patches))
-        tests = [str(p.relative_to(tree)) for p in sorted((tree / TEST_DIR).glob("test_*.py"))]
-        print(f"applied {len(patches)} patches to sglang {SGLANG_VERSION} in {tree}", flush=True)
+        git(tree, "am", "-q", *map(str, series.patches))
+        print(f"applied {len(series.patches)} patches to sglang {SGLANG_VERSION}")
+        print(summary_table(series.patches))
+        problems += format_problems(tree)
+        for problem in problems:
+            print(f"FAIL {problem}", file=sys.stderr)
+        print(
+            f"checks: {'FAIL' if problems else 'ok'} (same series sparse and full; "
+            "ruff format and isort of the Python files the series adds or changes)"
+        )
+        print(f"running {len(series.tests)} test files on the patched tree", flush=True)
         env = {
             **os.environ,
             "PYTHONPATH": _tree_pythonpath(tree),
             "SGLANG_PLUGINS": _PLUGINS_OFF,
         }
-        print(f"running {len(tests)} test files against the patched tree", flush=True)
-        result = subprocess.run(
-            [sys.executable, "-c", _PYTEST, str(tree), "-q", "-p", "no:cacheprovider", *tests],
-            cwd=tree,
-            env=env,
-        )
-        return result.returncode
+        pytest = [
+            sys.executable,
+            "-c",
+            _PYTEST,
+            str(tree),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ]
+        result = subprocess.run(pytest + series.tests, cwd=tree, env=env)
+        ok = result.returncode == 0 and not problems
+        print(f"upstream check: {'ok' if ok else 'FAIL'}")
+        return 0 if ok else 1
+
+
+def _contents(paths: Sequence[Path]) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in paths}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p_export = sub.add_parser("export", help="write the patch series into --out")
-    p_export.add_argument("--out", type=Path, required=True, help="directory for the .patch files")
+    p_export = sub.add_parser("export", help="write the series and PR descriptions")
+    p_export.add_argument("--out", type=Path, required=True, help="output directory")
     p_export.add_argument(
         "--author", default=DEFAULT_AUTHOR, help='"Name <email>" of the commits'
     )
-    p_check = sub.add_parser("check", help="apply the series to a fresh tree and run its tests")
+    p_check = sub.add_parser("check", help="apply the series to a fresh tree, test it")
     p_check.add_argument(
-        "--keep", type=Path, help="work in this (new) directory and leave it for inspection"
+        "--keep", type=Path, help="work in this (new) directory and leave it there"
     )
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             if not re.fullmatch(r".*?\s*<.*>", args.author):
                 parser.error('--author must look like "Name <email>"')
-            for patch in export(args.out, author=args.author):
+            series = export(args.out, author=args.author)
+            for warning in series.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
+            for patch in series.patches:
                 print(patch)
+            print(f"\n{summary_table(series.patches)}")
             return 0
         return check(keep=args.keep)
     except ExportError as e:
