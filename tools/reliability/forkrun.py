@@ -13,6 +13,7 @@ the exit status goes back to ``run``, which exits with it. A child is killed aft
 
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import importlib.util
 import json
@@ -70,6 +71,10 @@ def serve(sock_path: str, source_root: str) -> None:
     leaked = [m for m in PROJECT_MODULES if m in sys.modules]
     if leaked:
         raise SystemExit(f"forkrun: the pre-imports loaded {leaked}")
+    # pytest's unraisable-exception hook runs gc.collect() at exit, which otherwise
+    # walks every torch and SGLang object (seconds per mutant): freeze them.
+    gc.collect()
+    gc.freeze()
     sys.meta_path.insert(0, _SourceRoot(Path(source_root).resolve()))
     if os.path.exists(sock_path):
         os.unlink(sock_path)

@@ -8,7 +8,8 @@
 # files as they are in the work tree (SOURCE=head: as committed), never in the repo.
 # Its test command is the one in docs/reliability.md, run through forkrun.py (pytest
 # forked from a process that has torch and SGLang imported, the project's modules
-# imported afresh from the copy). Prints mutmut's results; the cache stays in
+# imported afresh from the copy; --tb=no and -p no:cacheprovider change only what
+# pytest prints and writes). Prints mutmut's results; the cache stays in
 # WORKDIR/.mutmut-cache (`cd WORKDIR && /tmp/mutvenv/bin/mutmut show ID`).
 set -euo pipefail
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -36,9 +37,9 @@ trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 120); do [ -S "$SOCK" ] && break; sleep 1; done
 [ -S "$SOCK" ] || { cat forkrun.log; exit 1; }
 
-RUNNER="python3 tools/reliability/forkrun.py run $SOCK -- -x -q -p no:cacheprovider $TESTS"
+RUNNER="python3 tools/reliability/forkrun.py run $SOCK -- -x -q --tb=no -p no:cacheprovider $TESTS"
 # The runner's exit status must be that of the plain command on the unmutated copy.
-python3 tools/reliability/forkrun.py run "$SOCK" -- -x -q -p no:cacheprovider $TESTS \
+python3 tools/reliability/forkrun.py run "$SOCK" -- -x -q --tb=no -p no:cacheprovider $TESTS \
     || { echo "baseline failed"; exit 1; }
 "$MUTMUT" run --paths-to-mutate "$MUTATE" --runner "$RUNNER" \
     --tests-dir test/registered/unit/mem_cache --simple-output --no-progress || true
