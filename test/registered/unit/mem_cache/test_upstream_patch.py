@@ -130,7 +130,6 @@ class TestExport(CustomTestCase):
     def test_no_patch_adds_more_than_800_non_test_lines(self):
         for number, text in self.texts.items():
             self.assertLessEqual(non_test_lines(text), 800, number)
-        self.assertGreater(non_test_lines(self.texts["0002"]), 683)  # the two modules
 
     def test_line_counts_agree_with_the_tool(self):
         for patch in self.series.patches:
