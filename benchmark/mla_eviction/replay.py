@@ -425,15 +425,17 @@ def plot(results: list[dict], path: str, title: str) -> None:
 
 
 def write_outputs(outputs: list) -> None:
-    """Each ``(flag, path, write)`` in ``outputs``: ``write(tmp_path)`` into a temporary
-    file beside ``path``, then, once every one succeeded, the files move into place.
-    On failure no target is touched, no temporary file is left behind, and OSError
-    names the flag and path at fault."""
+    """Each ``(flag, path, write)`` in ``outputs`` (skipped when ``path`` is None):
+    ``write(tmp_path)`` into a temporary file beside ``path``, then, once every one
+    succeeded, the files move into place. On failure no target is touched, no
+    temporary file is left behind, and OSError names the flag and path at fault."""
     umask = os.umask(0)
     os.umask(umask)
     done: list[tuple[str, Path]] = []
     try:
         for flag, path, write in outputs:
+            if path is None:
+                continue
             target = Path(path)
             try:
                 fd, tmp = tempfile.mkstemp(
@@ -490,7 +492,7 @@ def main(argv=None) -> int:
         ("--plot", args.plot, lambda tmp: plot(results, tmp, header.replace("*", ""))),
     ]
     try:
-        write_outputs([o for o in outputs if o[1] is not None])
+        write_outputs(outputs)
     except OSError as e:
         print(f"replay.py: error: {e}", file=sys.stderr)
         return 1
