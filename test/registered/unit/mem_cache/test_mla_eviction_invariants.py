@@ -1,431 +1,556 @@
 """Accounting invariants of SGLang's real prefix caches under the mla_aware policy.
 
-A driver plays many simulated requests against a real ``UnifiedRadixCache`` (Python
-tree core, FULL component) or legacy ``RadixCache`` over a real CPU allocator
-(``TokenToKVPoolAllocator`` or ``PagedTokenToKVPoolAllocator`` with page size 4),
-interleaving match, lock, allocate, insert, unlock, free and evict at random. It keeps
-its own model of which slots each request holds and, after EVERY operation, checks:
+A driver plays the scheduler around one real cache, built as a server builds it
+(``prepare_params`` puts the cost model in the policy config and installs
+``EvictionCallbackFullComponent``): ``UnifiedRadixCache`` on the Python tree core or the
+legacy ``RadixCache``, over a real CPU allocator (``TokenToKVPoolAllocator``, or
+``PagedTokenToKVPoolAllocator`` with page size 4), with ``mla_aware`` or ``lru`` as the
+control. Requests arrive (match, lock the matched node), allocate the rest of their
+tokens (evicting the shortfall first through ``evict_to_free_tokens``, SGLang's path),
+prefill in chunks (insert the prefix so far, lock the new last node, unlock the previous
+one: the scheduler's ``checkpoint``), finish (insert prompt + output, split at the prompt,
+free the partial page, unlock) or abort; other holders pin and unpin cached prefixes;
+``evict(n)`` runs with random ``n``. After EVERY operation the driver checks:
 
-* free + cached in the tree (evictable + protected) + held by requests == pool size;
-* no page is freed twice, and nothing the driver does not know as allocated is freed
-  (the allocator's free paths are wrapped);
-* the device indices on every locked path are unchanged and still allocated;
-* ``evict(n)`` frees at least ``min(n, evictable before)`` tokens, and with victims
-  trimmed (``mla_victim_trim``; off in the other unified configurations) exactly
-  ``min(n rounded up to a page, evictable before)``, or more by less than
-  ``MIN_SURPLUS_SHARE`` of the pool;
-* every ``_mla_prefix_end`` memo equals the node's real depth, and no node marked closed
-  (``mla_sessions``) belongs to a session the policy's book holds open.
+* free + cached (evictable + protected) + held by requests == pool size, and the
+  allocator's free count agrees with the driver's bitmap of allocated pages;
+* no page is handed out twice, freed twice or freed while not allocated (the allocator
+  subclasses below check every alloc and every release against that bitmap);
+* every locked path (requests and pins) still holds the device indices it held;
+* every slot is owned exactly once, by the tree or by one request, and together they
+  are exactly the allocated pages;
+* ``evict(n)`` frees at least ``min(n, evictable before)`` tokens and evictable drops by
+  what it reports; an allocation after evicting its shortfall succeeds whenever free +
+  evictable covered it (the policy never makes the tree free less than the shortfall);
+* SGLang's own tree check: ``UnifiedRadixCache.sanity_check()`` (which calls
+  ``UnifiedTreeCore.sanity_check``); the legacy ``RadixCache`` of 0.5.23 has none, so
+  :func:`legacy_sanity_check` checks the same properties on what it exposes
+  (``total_size()``, ``evictable_leaves``, the sizes, the child-key map);
+* the strategy's state stays bounded: its ghosts within ``MAX_GHOSTS`` (patched to 32,
+  so the bound is reached) and, on the unified tree (which reports every victim through
+  ``on_evict``), every node it keeps is live in the tree; on the legacy tree (no
+  callback) its table within ``MAX_SEEN`` (patched to 64, so it is reached and cleared).
 
-Requests carry one of a few session ids (or none) and sessions close at random; two
-configurations run SGLang's session radix cache, each insert with a session registering
-its leaf with the session as ``cache_finished_req`` does.
-
-The seeded loop runs ``MLA_INVARIANT_OPS`` operations in total (default 100,000) over
-the configurations below; a Hypothesis test replays short generated operation lists on
-the same driver so a failure shrinks to a minimal sequence. Seed: ``MLA_INVARIANT_SEED``
-(printed on every run); Hypothesis also prints its falsifying example.
+The seeded loop runs ``MLA_INVARIANT_OPS`` operations in total (default 24,000) over the
+configurations; a Hypothesis test replays short generated operation lists on the same
+driver so a failure shrinks. Seed: ``MLA_INVARIANT_SEED`` (printed on every run).
 """
 
-import json
 import os
 import random
 import sys
-import tempfile
 import time
 import unittest
 from array import array
-from types import SimpleNamespace
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import seed as hypothesis_seed
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from sglang.srt.mem_cache import mla_leaf_index, mla_sessions, mla_victim_trim
-from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.mla_aware_policy import (
-    GhostLearning,
-    MLAAwareStrategy,
-    PolicyConfigError,
-    create_mla_aware_strategy,
+from sglang.srt.mem_cache.allocator import (
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
 )
-from sglang.srt.mem_cache.mla_cost_model import PRESETS, KVCostModel, ModelConfigError
-from sglang.srt.mem_cache.mla_eviction_plugin import register
+from sglang.srt.mem_cache.base_prefix_cache import (
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+)
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.mla_aware_policy import MLAAwareStrategy
+from sglang.srt.mem_cache.mla_cost_model import KVCostModel
+from sglang.srt.mem_cache.mla_eviction_plugin import (
+    EvictionCallbackFullComponent,
+    prepare_params,
+    register,
+)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 
 SEED = int(os.environ.get("MLA_INVARIANT_SEED", random.SystemRandom().randrange(2**32)))
-TOTAL_OPS = int(os.environ.get("MLA_INVARIANT_OPS", 100_000))
+TOTAL_OPS = int(os.environ.get("MLA_INVARIANT_OPS", 24_000))
 POOL_TOKENS = 256
-POLICY_CONFIG = {"model": "deepseek-v3"}
-
-# (cache kind, page size, policy, host tier, victims trimmed, session radix cache)
+GHOST_CAP = 32  # MAX_GHOSTS on the drivers' strategies, so the bound is reached
+SEEN_CAP = 64  # MAX_SEEN on the legacy tree's strategies (no on_evict there)
 CONFIGS = [
-    (kind, page, policy, False, False, False)
+    (kind, page, policy)
     for kind in ("unified", "radix")
     for page in (1, 4)
     for policy in ("mla_aware", "lru")
-] + [("radix", 1, "mla_aware", True, False, False), ("radix", 4, "mla_aware", True, False, False)] + [
-    ("unified", page, policy, False, True, False) for page in (1, 4) for policy in ("mla_aware", "lru")
-] + [("unified", page, "mla_aware", False, False, True) for page in (1, 4)]
+]
+FULL = ComponentType.FULL
+REPO = Path(__file__).resolve().parents[4]
+print(
+    f"[mla invariants] MLA_INVARIANT_SEED={SEED} MLA_INVARIANT_OPS={TOTAL_OPS}",
+    file=sys.stderr,
+)
 
-print(f"[mla invariants] MLA_INVARIANT_SEED={SEED} MLA_INVARIANT_OPS={TOTAL_OPS}", file=sys.stderr)
+
+def setUpModule():
+    register()  # mla_aware in SGLang's policy registry, as the entry point does
 
 
 class InvariantError(AssertionError):
     pass
 
 
-class CacheDriver:
-    """Plays the scheduler around one real cache and checks the accounting after each op.
+class PageBook:
+    """Which pages are allocated, by page id (page 0 is the allocator's padding)."""
 
-    A request goes ``match`` (lock the matched node) -> ``alloc`` (the rest of its
-    tokens, evicting the shortfall first as SGLang does) -> ``insert`` (publish, unlock)
-    or ``free`` (abort: return its slots, unlock). ``pin``/``unpin`` take and drop extra
-    locks on cached prefixes.
-    """
+    def __init__(self, pages: int, page_size: int):
+        self.page_size = page_size
+        self.allocated = np.zeros(pages + 1, dtype=bool)
 
-    def __init__(self, kind, page_size, policy, host_tier=False, trim=False, session_radix=False,
-                 pool_tokens=POOL_TOKENS, seed=0):
-        self.kind, self.page, self.policy, self.host_tier = kind, page_size, policy, host_tier
-        self.trim, self.session_radix = trim, session_radix
-        self.size = pool_tokens
-        self.rng = random.Random(seed)
-        if page_size == 1:
-            self.allocator = TokenToKVPoolAllocator(
-                pool_tokens, torch.bfloat16, "cpu", kvcache=None, need_sort=False
-            )
-        else:
-            self.allocator = PagedTokenToKVPoolAllocator(
-                pool_tokens, page_size, torch.bfloat16, "cpu", kvcache=None, need_sort=False
-            )
-        # Page ids run from 1 (page 0 is the padded dummy page).
-        self.allocated = np.zeros(pool_tokens // page_size + 1, dtype=bool)
-        self._wrap_allocator()
-        params = CacheInitParams(
-            disable=False,
-            req_to_token_pool=None,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=page_size,
-            eviction_policy=policy,
-            eviction_policy_config=POLICY_CONFIG if policy == "mla_aware" else None,
-            tree_core_backend="python",
-            enable_session_radix_cache=session_radix,
-        )
-        if kind == "radix":
-            self.cache = RadixCache(params)
-            self.strategy = self.cache.eviction_strategy
-        else:
-            params.tree_components = (ComponentType.FULL,)
-            self.cache = UnifiedRadixCache(params)
-            self.strategy = self.cache.tree_core.eviction_strategy
-            self.strategy.trim_victims = trim
-            if mla_victim_trim.trims(self.cache) != trim:
-                raise InvariantError(f"trimming not {'on' if trim else 'off'} as asked")
-        self.requests = {}  # rid -> dict(tokens, prefix, lock, new, locked_path)
-        self.pins = []  # (lock, node, expected path indices)
-        self.next_rid = 0
-        self.ops = 0
-        self.checks = 0
+    def take(self, indices: torch.Tensor) -> None:
+        pages = np.unique(indices.numpy() // self.page_size)
+        if self.allocated[pages].any():
+            raise InvariantError(f"alloc handed out allocated pages {pages.tolist()}")
+        self.allocated[pages] = True
 
-    # ---- allocator instrumentation -------------------------------------------
+    def release(self, pages: np.ndarray) -> None:
+        if len(np.unique(pages)) != len(pages):
+            raise InvariantError(f"one release frees a page twice: {sorted(pages)}")
+        stale = pages[~self.allocated[pages]]
+        if len(stale):
+            raise InvariantError(f"double free or free of unallocated {stale.tolist()}")
+        self.allocated[pages] = False
 
-    def _wrap_allocator(self):
-        alloc = self.allocator.alloc
-        ps = self.page
+    def free_tokens(self) -> int:
+        return (len(self.allocated) - 1 - int(self.allocated.sum())) * self.page_size
 
-        def checked_alloc(need):
-            out = alloc(need)
-            if out is not None and len(out):
-                pages = np.unique(out.numpy() // ps)
-                if self.allocated[pages].any():
-                    raise InvariantError(f"alloc handed out allocated pages {pages[self.allocated[pages]]}")
-                self.allocated[pages] = True
-            return out
 
-        def mark_free(pages):
-            pages = np.asarray(pages, dtype=np.int64)
-            if len(np.unique(pages)) != len(pages):
-                raise InvariantError(f"one free() call frees a page twice: {sorted(pages)}")
-            bad = pages[~self.allocated[pages]]
-            if len(bad):
-                raise InvariantError(f"double free (or free of never-allocated) pages {bad.tolist()}")
-            self.allocated[pages] = False
+class CheckedTokenAllocator(TokenToKVPoolAllocator):
+    """SGLang's page-1 allocator; every alloc and free is checked against a book
+    (``free_segment``, ``free_page_ids`` and a free group's flush all end in ``free``)."""
 
-        self.allocator.alloc = checked_alloc
-        if ps == 1:
-            free = self.allocator.free
+    def __init__(self, size: int):
+        super().__init__(size, torch.bfloat16, "cpu", kvcache=None, need_sort=False)
+        self.book = PageBook(size, 1)
 
-            def checked_free(idx):
-                if idx.numel():
-                    mark_free(idx.numpy())
-                free(idx)
-
-            self.allocator.free = checked_free
-        else:
-            release = self.allocator._release_page_ids
-
-            def checked_release(*page_ids):
-                mark_free(np.concatenate([p.numpy() for p in page_ids]))
-                release(*page_ids)
-
-            self.allocator._release_page_ids = checked_release
-
-    # ---- tree helpers ----------------------------------------------------------
-
-    def _node_obj(self, handle):
-        return self.cache.tree_core.node_by_id(handle) if self.kind == "unified" else handle
-
-    def _root(self):
-        return self.cache.tree_core.root_node if self.kind == "unified" else self.cache.root_node
-
-    def _nodes(self):
-        stack, out = list(self._root().children.values()), []
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
+    def alloc(self, need_size: int):
+        out = super().alloc(need_size)
+        if out is not None:
+            self.book.take(out)
         return out
 
+    def free(self, free_index: torch.Tensor):
+        if self.free_group is None and free_index.numel():
+            self.book.release(free_index.numpy())
+        super().free(free_index)
+
+
+class CheckedPagedAllocator(PagedTokenToKVPoolAllocator):
+    """SGLang's paged allocator; every release path ends in ``_release_page_ids``."""
+
+    def __init__(self, size: int, page_size: int):
+        super().__init__(
+            size, page_size, torch.bfloat16, "cpu", kvcache=None, need_sort=False
+        )
+        self.book = PageBook(size // page_size, page_size)
+
+    def alloc(self, need_size: int):
+        out = super().alloc(need_size)
+        if out is not None:
+            self.book.take(out)
+        return out
+
+    def _release_page_ids(self, *page_ids: torch.Tensor):
+        self.book.release(torch.cat(page_ids).numpy())
+        super()._release_page_ids(*page_ids)
+
+
+def build_cache(kind: str, page: int, policy: str, allocator):
+    """The cache a server builds: for mla_aware, through the plugin's
+    ``prepare_params`` (cost model in the config, the callback component)."""
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page,
+        eviction_policy=policy,
+    )
+    if policy == "mla_aware":
+        prepare_params(params, KVCostModel.from_preset("deepseek-v3", page_size=page))
+    if kind == "radix":
+        return RadixCache(params)
+    params.tree_components = (FULL,)  # as create_unified_radix_cache sets them
+    if policy != "mla_aware":
+        params.tree_core_backend = "python"  # the control runs on the same core
+    return UnifiedRadixCache(params)
+
+
+def legacy_sanity_check(cache: RadixCache) -> None:
+    """SGLang 0.5.23's ``RadixCache`` has no sanity check: the properties the unified
+    tree's ``sanity_check`` verifies, on what the legacy tree exposes."""
+    errors, page = [], cache.page_size
+    evictable = protected = 0
+    leaves, stack = set(), list(cache.root_node.children.items())
+    if cache.root_node.lock_ref != 1 or cache.root_node.parent is not None:
+        errors.append(f"root lock_ref {cache.root_node.lock_ref} or has a parent")
+    while stack:
+        child_key, node = stack.pop()
+        stack.extend(node.children.items())
+        if child_key != node.key.child_key(page):  # as _print_helper asserts
+            errors.append(f"node {node.id} under key {child_key!r}")
+        if node.parent.children.get(child_key) is not node:
+            errors.append(f"node {node.id} not its parent's child")
+        if len(node.key) % page or len(node.value) != len(node.key):
+            errors.append(
+                f"node {node.id}: key {len(node.key)}, value {len(node.value)}"
+            )
+        if node.lock_ref < 0 or (
+            node.parent is not cache.root_node and node.parent.lock_ref < node.lock_ref
+        ):
+            errors.append(f"node {node.id} lock_ref {node.lock_ref} above its parent's")
+        if node.lock_ref:
+            protected += len(node.key)
+        else:
+            evictable += len(node.key)
+            if not node.children:
+                leaves.add(node)
+    sizes = (cache.evictable_size(), cache.protected_size(), cache.total_size())
+    if sizes != (evictable, protected, evictable + protected):
+        errors.append(f"sizes {sizes} != recomputed {evictable}, {protected}")
+    if cache.evictable_leaves != leaves:
+        errors.append(
+            f"evictable_leaves {len(cache.evictable_leaves)} != {len(leaves)}"
+        )
+    if errors:
+        raise InvariantError("legacy tree: " + "; ".join(errors))
+
+
+class Request:
+    """One request's view: its tokens, its lock, its KV row."""
+
+    __slots__ = ("tokens", "prompt", "node", "lock", "row", "protected")
+    __slots__ += ("inserted", "allocated")
+
+    def __init__(self, tokens, prompt, node, lock, head):
+        self.tokens, self.prompt, self.node, self.lock = tokens, prompt, node, lock
+        self.row = head  # the KV row: tree-owned [0, protected), then its own slots
+        self.protected = len(head)
+        self.inserted = 0  # cache_inserted_len
+        self.allocated = False
+
+
+class CacheDriver:
+    """Plays the scheduler around one real cache and checks it after every operation."""
+
+    OPS = ("arrive", "alloc", "chunk", "finish", "abort", "pin", "unpin", "evict")
+    WEIGHTS = (5, 5, 4, 4, 1, 1, 1, 2)
+
+    def __init__(self, kind, page, policy, pool_tokens=POOL_TOKENS, seed=0):
+        self.kind, self.page, self.policy, self.size = kind, page, policy, pool_tokens
+        self.rng = random.Random(seed)
+        if page == 1:
+            self.allocator = CheckedTokenAllocator(pool_tokens)
+        else:
+            self.allocator = CheckedPagedAllocator(pool_tokens, page)
+        self.book = self.allocator.book
+        self.cache = build_cache(kind, page, policy, self.allocator)
+        if kind == "unified":
+            core = self.cache.tree_core
+            self.strategy = core.eviction_strategy
+            if policy == "mla_aware":  # what a server gets: the Python core, callback
+                assert self.cache._tree_core_backend == "python"
+                assert isinstance(
+                    core.components_by_type[FULL], EvictionCallbackFullComponent
+                )
+        else:
+            self.strategy = self.cache.eviction_strategy
+        self.learns = isinstance(self.strategy, MLAAwareStrategy)
+        if self.learns:
+            assert self.strategy.cost_model.page_size == page
+            self.strategy.MAX_GHOSTS = GHOST_CAP
+            if kind == "radix":
+                self.strategy.MAX_SEEN = SEEN_CAP
+        self.requests: dict[int, Request] = {}
+        self.pins = []  # (lock, node, its path when pinned)
+        self.next_rid = self.ops = self.evictions = self.chunks = 0
+        self.max_ghosts = self.max_seen = 0
+
+    # ---- the scheduler's side -----------------------------------------------------
+
     def _tokens(self):
-        """A prompt sharing a random prefix with a few 'documents' (so prefixes collide)."""
+        """A prompt sharing a prefix with one of a few documents, and an output."""
         r = self.rng
         doc = r.randrange(4)
-        n_shared = r.randrange(0, 12) * self.page
-        n_own = r.randrange(1, 10) * self.page
-        shared = [doc * 1000 + i for i in range(n_shared)]
+        shared = [doc * 1000 + i for i in range(r.randrange(0, 12) * self.page)]
         if r.random() < 0.3:  # a branch off the shared text
-            shared = shared[: r.randrange(0, n_shared + 1)] + [5000 + r.randrange(3)]
-        own = [r.randrange(10_000, 10_050) for _ in range(n_own)]
-        tokens = (shared + own)[: (len(shared) + n_own) // self.page * self.page]
-        return tokens or own
+            shared = shared[: r.randrange(0, len(shared) + 1)] + [5000 + r.randrange(3)]
+        prompt = shared + [
+            r.randrange(10_000, 10_050) for _ in range(r.randrange(1, 24))
+        ]
+        output = [r.randrange(20_000, 20_050) for _ in range(r.randrange(0, 6))]
+        return prompt + output, len(prompt)
 
-    # ---- operations ------------------------------------------------------------
+    def _key(self, tokens):
+        return RadixKey(array("q", tokens))
 
-    def op_match(self):
-        tokens = self._tokens()
-        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+    def op_arrive(self):
+        tokens, prompt = self._tokens()
+        m = self.cache.match_prefix(MatchPrefixParams(key=self._key(tokens[:prompt])))
+        head = self.cache.path_device_indices(m.last_device_node)
+        if len(head) != m.device_prefix_len or m.device_prefix_len % self.page:
+            raise InvariantError(f"match of {m.device_prefix_len} has path {len(head)}")
         lock = self.cache.lock(m.last_device_node)
-        path = self.cache.path_device_indices(m.last_device_node).clone()
-        assert len(path) >= m.device_prefix_len
-        rid = self.next_rid
-        self.next_rid += 1
-        session = self.rng.choice(self.SESSIONS)
-        generation = None
-        if self.session_radix and session is not None:  # as the scheduler makes a request
-            generation = self.cache.ensure_session_generation(session)
-        self.requests[rid] = dict(
-            tokens=tokens, prefix=m.device_prefix_len, lock=lock, node=m.last_device_node,
-            path=path, new=None, session=session, generation=generation,
+        self.requests[self.next_rid] = Request(
+            tokens, prompt, m.last_device_node, lock, head.clone()
         )
+        self.next_rid += 1
 
     def op_alloc(self):
-        pending = [r for r, s in self.requests.items() if s["new"] is None]
-        if not pending:
-            return self.op_match()
-        rid = self.rng.choice(pending)
-        s = self.requests[rid]
-        need = len(s["tokens"]) - s["prefix"]
-        out = self.allocator.alloc(need) if need else torch.empty((0,), dtype=torch.int64)
+        waiting = [r for r, q in self.requests.items() if not q.allocated]
+        if not waiting:
+            return self.op_arrive()
+        rid = self.rng.choice(waiting)
+        req = self.requests[rid]
+        need = -(-len(req.tokens) // self.page) * self.page - req.protected
+        free, evictable = self.allocator.available_size(), self.cache.evictable_size()
+        if need > free:  # SGLang's path: evict_for_alloc(the shortfall)
+            self.allocator.evict_to_free_tokens(self.cache, need)
+            self._check_eviction(need - free, free, evictable)
+        out = self.allocator.alloc(need)
         if out is None:
-            shortfall = need - self.allocator.available_size()
-            self._evict(shortfall)
-            out = self.allocator.alloc(need)
-        if out is None:  # cannot fit: the scheduler would requeue it
-            self._drop(rid)
+            if need <= free + evictable:
+                raise InvariantError(
+                    f"alloc({need}) failed after evicting the shortfall although "
+                    f"free {free} + evictable {evictable} covered it"
+                )
+            self._release(rid)  # the scheduler would keep it waiting
             return
-        s["new"] = out
+        req.row, req.allocated = torch.cat([req.row, out]), True
 
-    def op_insert(self):
-        ready = [r for r, s in self.requests.items() if s["new"] is not None]
-        if not ready:
+    def op_chunk(self):
+        """Chunked prefill: publish the prompt up to the next chunk boundary."""
+        running = [
+            q for q in self.requests.values() if q.allocated and q.protected < q.prompt
+        ]
+        if not running:
             return self.op_alloc()
-        rid = self.rng.choice(ready)
-        s = self.requests.pop(rid)
-        prefix = s["prefix"]
-        values = torch.cat([s["path"][:prefix], s["new"]])
-        res = self.cache.insert(InsertParams(
-            key=RadixKey(array("q", s["tokens"])), value=values, prev_prefix_len=prefix,
-            session_id=s["session"],
-        ))
-        if self.kind == "radix":  # the unified tree frees its duplicates itself
-            self.allocator.free(values[prefix : res.prefix_len])
-        if s["generation"] is not None:  # as cache_finished_req: the session keeps the leaf
-            self.cache.session_refs.register_session_ref(SimpleNamespace(
-                session_id=s["session"], session=None, session_generation=s["generation"],
-            ), res.last_device_node)
-        self.cache.unlock(s["lock"])
-        if self.host_tier:
-            self._mark_backed_up()
+        req = self.rng.choice(running)
+        up_to = min(req.protected + self.rng.randrange(1, 4) * self.page, req.prompt)
+        self.checkpoint(req, up_to)
+        self.chunks += 1
 
-    def op_free(self):
+    def checkpoint(self, req: Request, up_to: int, finished: bool = False) -> None:
+        """As ``RadixCache.checkpoint`` / ``UnifiedRadixCache.checkpoint_into_tree``:
+        insert ``[0, up_to)`` page-aligned, free what the tree already held (the legacy
+        tree's caller does; the unified tree frees its duplicates itself), re-read the
+        path, then hand the lock from the old last node to the new one."""
+        aligned = up_to // self.page * self.page
+        if aligned == 0:
+            return
+        key, values = self._key(req.tokens[:aligned]), req.row[:aligned].clone()
+        res = self.cache.insert(
+            InsertParams(
+                key=key,
+                value=values,
+                prev_prefix_len=req.protected,
+                inserted_len=req.inserted,
+            )
+        )
+        req.inserted = max(req.inserted, aligned)
+        prompt = req.prompt // self.page * self.page
+        if finished and 0 < prompt < aligned:  # split at the prompt, one priority up
+            self.cache.insert(
+                InsertParams(
+                    key=key[:prompt],
+                    value=values[:prompt],
+                    prev_prefix_len=prompt,
+                    inserted_len=prompt,
+                    priority=1,
+                )
+            )
+        if self.kind == "radix":
+            dup = req.row[req.protected : res.prefix_len]
+            self.allocator.free_segment(dup, start_pos=req.protected)
+            node = self.cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+        else:
+            node = res.last_device_node
+        path = self.cache.path_device_indices(node)
+        if len(path) != aligned or res.prefix_len > aligned:
+            raise InvariantError(f"insert of {aligned}: path {len(path)}, {res}")
+        req.row[req.protected : aligned] = path[req.protected :]
+        self.cache.unlock(req.lock)
+        req.lock, req.node, req.protected = self.cache.lock(node), node, aligned
+
+    def op_finish(self):
+        running = [r for r, q in self.requests.items() if q.allocated]
+        if not running:
+            return self.op_alloc()
+        rid = self.rng.choice(running)
+        self.checkpoint(self.requests[rid], len(self.requests[rid].tokens), True)
+        self._release(rid)
+
+    def op_abort(self):
         if not self.requests:
-            return self.op_match()
-        self._drop(self.rng.choice(list(self.requests)))
+            return self.op_arrive()
+        self._release(self.rng.choice(list(self.requests)))
 
-    def _drop(self, rid):
-        s = self.requests.pop(rid)
-        if s["new"] is not None:
-            self.allocator.free(s["new"])
-        self.cache.unlock(s["lock"])
+    def _release(self, rid):
+        """Free the request's own slots (the partial page too) and unlock."""
+        req = self.requests.pop(rid)
+        self.allocator.free(req.row[req.protected :])
+        self.cache.unlock(req.lock)
 
     def op_pin(self):
-        tokens = self._tokens()
-        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
-        if m.device_prefix_len == 0:
-            return
-        lock = self.cache.lock(m.last_device_node)
-        self.pins.append((lock, m.last_device_node, self.cache.path_device_indices(m.last_device_node).clone()))
+        tokens, prompt = self._tokens()
+        m = self.cache.match_prefix(MatchPrefixParams(key=self._key(tokens[:prompt])))
+        if m.device_prefix_len:
+            path = self.cache.path_device_indices(m.last_device_node).clone()
+            lock = self.cache.lock(m.last_device_node)
+            self.pins.append((lock, m.last_device_node, path))
 
     def op_unpin(self):
         if self.pins:
-            lock, _, _ = self.pins.pop(self.rng.randrange(len(self.pins)))
-            self.cache.unlock(lock)
-
-    def op_close(self):
-        """A client closes a session (``mla_sessions``: what only it used goes first);
-        session ids are reused, as a client may."""
-        self.cache.release_radix_session(self.rng.choice(self.SESSIONS[1:]))
+            self.cache.unlock(self.pins.pop(self.rng.randrange(len(self.pins)))[0])
 
     def op_evict(self):
-        self._evict(self.rng.choice([1, self.page, 7, 16, 64, 1000]))
-
-    def _evict(self, n):
-        before = self.cache.evictable_size()
+        n = self.rng.choice([1, self.page, 7, 16, 64, 1000])
+        free, evictable = self.allocator.available_size(), self.cache.evictable_size()
         got = self.cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted
-        after = self.cache.evictable_size()
-        if got < min(n, before):
-            raise InvariantError(f"evict({n}) freed {got} < min({n}, evictable {before})")
-        rounded = -(-n // self.page) * self.page
-        surplus = mla_victim_trim.MIN_SURPLUS_SHARE * self.size  # what is worth a trim
-        if self.trim and got != min(rounded, before) and not rounded < got < rounded + surplus:
-            raise InvariantError(f"evict({n}) trimmed freed {got}, evictable before {before}")
-        if before - after != got:
-            raise InvariantError(f"evict({n}) reports {got} but evictable fell by {before - after}")
+        if evictable - self.cache.evictable_size() != got:
+            raise InvariantError(f"evict({n}) reported {got}, evictable fell otherwise")
+        self._check_eviction(n, free, evictable)
 
-    def _mark_backed_up(self):
-        """Host tier: random legacy nodes get a host copy (scored by reload cost)."""
-        for n in self._nodes():
-            if self.rng.random() < 0.3:
-                n.backuped = True
+    def _check_eviction(self, n, free, evictable):
+        freed = self.allocator.available_size() - free
+        if freed < min(n, evictable):
+            raise InvariantError(
+                f"evicting {n} freed {freed} < min({n}, evictable {evictable})"
+            )
+        self.evictions += freed > 0
 
-    OPS = ("match", "alloc", "insert", "free", "pin", "unpin", "evict", "close")
-    WEIGHTS = (6, 6, 6, 1, 1, 1, 2, 1)
-    SESSIONS = (None, "s0", "s1", "s2", "s3")  # a request's session (None: it has none)
-
-    def step(self, op):
+    def step(self, op: str) -> None:
+        if op == "arrive" and len(self.requests) >= 6:
+            op = "finish"
+        if op == "pin" and len(self.pins) >= 3:
+            op = "unpin"
         getattr(self, "op_" + op)()
         self.ops += 1
         self.check()
 
-    def run(self, n):
+    def run(self, n: int) -> None:
         for op in self.rng.choices(self.OPS, self.WEIGHTS, k=n):
-            if op == "match" and len(self.requests) >= 6:
-                op = "insert"
-            if op == "pin" and len(self.pins) >= 3:
-                op = "unpin"
             self.step(op)
-        self.check(deep=True)
 
-    def close(self):
+    def close(self) -> None:
+        """Every request finishes, every pin goes; then the whole tree is evictable
+        and evicting the pool returns the pool whole."""
         for rid in list(self.requests):
-            self._drop(rid)
+            if self.requests[rid].allocated:
+                self.checkpoint(
+                    self.requests[rid], len(self.requests[rid].tokens), True
+                )
+            self._release(rid)
         while self.pins:
             self.op_unpin()
-        self.check(deep=True)
-        self._evict(self.size)
-        self.check(deep=True)
-        if self.cache.evictable_size() or self.allocator.available_size() != self.size:
-            raise InvariantError("after releasing everything the pool is not whole again")
+        self.check()
+        if self.cache.protected_size():
+            raise InvariantError(f"protected {self.cache.protected_size()} when idle")
+        free, evictable = self.allocator.available_size(), self.cache.evictable_size()
+        self.cache.evict(EvictParams(num_tokens=self.size))
+        self._check_eviction(self.size, free, evictable)
+        self.check()
+        if self.allocator.available_size() != self.size:
+            raise InvariantError(f"pool not whole: {self.allocator.available_size()}")
 
-    # ---- invariants ------------------------------------------------------------
+    # ---- the checks -----------------------------------------------------------------
 
-    def check(self, deep=False):
-        self.checks += 1
+    def check(self) -> None:
+        for req in self.requests.values():
+            self._check_locked(req.node, req.row[: req.protected])
+        for _, node, path in self.pins:
+            self._check_locked(node, path)
         free = self.allocator.available_size()
         tree = self.cache.evictable_size() + self.cache.protected_size()
-        held = sum(len(s["new"]) for s in self.requests.values() if s["new"] is not None)
+        held = sum(len(q.row) - q.protected for q in self.requests.values())
         if free + tree + held != self.size:
             raise InvariantError(
-                f"after op {self.ops}: free {free} + tree {tree} + held {held} != pool {self.size}"
+                f"op {self.ops}: free {free} + tree {tree} + held {held} != {self.size}"
             )
-        if free != self.size - int(self.allocated[1:].sum()) * self.page:
-            raise InvariantError(f"after op {self.ops}: allocator free {free} disagrees with the model")
-        locked = [(s["node"], s["path"]) for s in self.requests.values()]
-        locked += [(node, path) for _, node, path in self.pins]
-        for node, path in locked:
-            try:
-                now = self.cache.path_device_indices(node)
-            except KeyError:  # the unified tree dropped the node from its arena
-                raise InvariantError(f"after op {self.ops}: a locked node was evicted") from None
-            if not torch.equal(now, path):
-                raise InvariantError(f"after op {self.ops}: a locked path changed")
-            if len(path) and not self.allocated[np.unique(path.numpy() // self.page)].all():
-                raise InvariantError(f"after op {self.ops}: a locked path's slots were freed")
-        if deep or self.ops % 256 == 0:
-            self._deep_check(held)
+        if free != self.book.free_tokens():
+            raise InvariantError(f"op {self.ops}: allocator free {free} != the book's")
+        if self.kind == "unified":
+            self.cache.sanity_check()
+        else:
+            legacy_sanity_check(self.cache)
+        self._check_owners()
+        if self.learns:
+            self._check_policy_state()
 
-    def _deep_check(self, held):
-        nodes = self._nodes()
-        in_tree = [self._value(n) for n in nodes]
-        in_tree = torch.cat(in_tree) if in_tree else torch.empty((0,), dtype=torch.int64)
-        owned = [s["new"] for s in self.requests.values() if s["new"] is not None]
-        everything = torch.cat([in_tree, *owned]) if owned else in_tree
-        pages = everything.numpy() // self.page
-        if len(np.unique(everything.numpy())) != len(everything):
-            raise InvariantError(f"after op {self.ops}: a slot is owned twice (tree/requests)")
-        expect = np.flatnonzero(self.allocated)
-        if not np.array_equal(np.unique(pages), expect):
-            raise InvariantError(f"after op {self.ops}: tree + requests != allocated pages")
-        if isinstance(self.strategy, MLAAwareStrategy):
-            for n in nodes:
-                memo = getattr(n, "_mla_prefix_end", None)
-                if memo is not None and memo != _depth(n):
-                    raise InvariantError(f"after op {self.ops}: stale _mla_prefix_end {memo} != {_depth(n)}")
-                if mla_sessions.CLOSED_HITS in n.__dict__:
-                    entry = self.strategy.sessions._sessions.get(n.__dict__.get(mla_sessions.SESSION))
-                    if entry is not None and not entry.closed:  # (a forgotten one stays closed)
-                        raise InvariantError(f"after op {self.ops}: a node closed in an open session")
+    def _check_locked(self, node, path):
+        try:
+            now = self.cache.path_device_indices(node)
+        except KeyError:  # the unified tree dropped the node from its arena
+            raise InvariantError(f"op {self.ops}: a locked node was evicted") from None
+        if not torch.equal(now, path):
+            raise InvariantError(f"op {self.ops}: a locked path changed")
+        while self.kind == "radix" and node is not self.cache.root_node:
+            # An evicted legacy node keeps its value and parent: is it still a child?
+            child_key = node.key.child_key(self.page)
+            if node.parent is None or node.parent.children.get(child_key) is not node:
+                raise InvariantError(f"op {self.ops}: a locked node was evicted")
+            node = node.parent
+
+    def nodes(self):
+        root = self.cache.tree_core.root_node if self.kind == "unified" else None
+        stack = list((root or self.cache.root_node).children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            yield node
 
     def _value(self, node):
         if self.kind == "unified":
-            return node.component_data[ComponentType.FULL].value
+            return node.component_data[FULL].value
         return node.value
 
+    def _check_owners(self):
+        owned = [self._value(n) for n in self.nodes()]
+        owned += [q.row[q.protected :] for q in self.requests.values()]
+        slots = torch.cat(owned).numpy() if owned else np.zeros(0, dtype=np.int64)
+        if len(np.unique(slots)) != len(slots):
+            raise InvariantError(f"op {self.ops}: a slot is owned twice")
+        pages = np.unique(slots // self.page)
+        if not np.array_equal(pages, np.flatnonzero(self.book.allocated)):
+            raise InvariantError(f"op {self.ops}: tree + requests != allocated pages")
 
-def _depth(node):
-    d = 0
-    while node.parent is not None:
-        d += len(node.key)
-        node = node.parent
-    return d
+    def _check_policy_state(self):
+        s = self.strategy
+        self.max_ghosts = max(self.max_ghosts, len(s._ghosts))
+        self.max_seen = max(self.max_seen, len(s._seen))
+        if len(s._ghosts) > GHOST_CAP:
+            raise InvariantError(f"{len(s._ghosts)} ghosts > {GHOST_CAP}")
+        if self.kind == "radix":
+            if len(s._seen) > SEEN_CAP:
+                raise InvariantError(f"{len(s._seen)} seen > {SEEN_CAP}")
+            return
+        live = {n.id for n in self.nodes()}
+        if not set(s._seen) <= live:
+            raise InvariantError(f"state kept for dead nodes {set(s._seen) - live}")
+        root = self.cache.tree_core.root_node.id
+        if not set(s._children) <= live | {root}:
+            raise InvariantError(f"children counted for dead {set(s._children) - live}")
 
 
 def _name(cfg):
-    kind, page, policy, host, trim, session_radix = cfg
-    return (f"{kind}/page{page}/{policy}{'/host-tier' if host else ''}{'/trimmed' if trim else ''}"
-            f"{'/session-radix' if session_radix else ''}")
+    return "{}/page{}/{}".format(*cfg)
 
 
 class TestRandomInterleavings(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        register()
-        HookRegistry.apply_hooks()  # the trimming hooks, as a server applies them
-
-    def test_100k_seeded_operations(self):
+    def test_seeded_operations(self):
         per_config = max(TOTAL_OPS // len(CONFIGS), 1)
         total, t0 = 0, time.perf_counter()
         for i, cfg in enumerate(CONFIGS):
@@ -436,32 +561,41 @@ class TestRandomInterleavings(CustomTestCase):
                     d.close()
                 except Exception as e:
                     raise AssertionError(
-                        f"{_name(cfg)} failed; rerun with MLA_INVARIANT_SEED={SEED}: {e}"
+                        f"{_name(cfg)}: rerun with MLA_INVARIANT_SEED={SEED}: {e}"
                     ) from e
                 total += d.ops
+                # The run exercised what it checks.
+                self.assertGreater(d.evictions, per_config // 50, _name(cfg))
+                self.assertGreater(d.chunks, per_config // 50, _name(cfg))
+                if d.learns and per_config >= 1000:  # the bounds were reached
+                    unified = cfg[0] == "unified"
+                    self.assertEqual(d.max_ghosts, GHOST_CAP if unified else 0)
+                    if not unified:
+                        self.assertEqual(d.max_seen, SEEN_CAP, _name(cfg))
         print(
             f"[mla invariants] seed {SEED}: {total} operations over {len(CONFIGS)} "
             f"configurations in {time.perf_counter() - t0:.1f} s",
             file=sys.stderr,
         )
-        self.assertGreaterEqual(total, TOTAL_OPS - len(CONFIGS))
-
-
-_op_lists = st.lists(st.sampled_from(CacheDriver.OPS), min_size=1, max_size=60)
+        self.assertEqual(total, per_config * len(CONFIGS))
 
 
 class TestHypothesisInterleavings(CustomTestCase):
     """Generated operation lists, shrunk to a minimal failing one on error."""
 
-    @classmethod
-    def setUpClass(cls):
-        register()
-        HookRegistry.apply_hooks()  # the trimming hooks, as a server applies them
-
     @hypothesis_seed(SEED)
-    @settings(derandomize=False, max_examples=300, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-    @given(cfg=st.sampled_from(CONFIGS), ops=_op_lists, rng_seed=st.integers(0, 2**16))
+    @settings(
+        max_examples=int(os.environ.get("MLA_INVARIANT_EXAMPLES", 100)),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        print_blob=True,
+    )
+    @given(
+        cfg=st.sampled_from(CONFIGS),
+        ops=st.lists(st.sampled_from(CacheDriver.OPS), min_size=1, max_size=40),
+        rng_seed=st.integers(0, 2**16),
+    )
     def test_generated_sequences(self, cfg, ops, rng_seed):
         d = CacheDriver(*cfg, pool_tokens=64, seed=rng_seed)
         for op in ops:
@@ -469,192 +603,349 @@ class TestHypothesisInterleavings(CustomTestCase):
         d.close()
 
 
-class TestIndexedWalkTakesTheSameVictims(CustomTestCase):
-    """The leaf index (``mla_leaf_index``) walks the evictable leaves by score class; the
-    full heap scores them all. Two drivers play the same operations on the same seed, one
-    with ``indexed_eviction`` off: after every operation both trees hold the same nodes
-    with the same hit counts, and both learnings the same factor and weight."""
-
-    @classmethod
-    def setUpClass(cls):
-        register()
-        HookRegistry.apply_hooks()
-
-    def test_same_trees_after_every_operation(self):
-        ops_per_config = max(TOTAL_OPS // 20, 500)
-        for i, (page, trim) in enumerate([(1, False), (4, False), (1, True), (4, True)]):
-            with self.subTest(page=page, trim=trim):
-                ops = random.Random(SEED + i).choices(CacheDriver.OPS, CacheDriver.WEIGHTS, k=ops_per_config)
-                # One driver after the other from the same reading of the tree's clock (a
-                # module-level counter that both would advance if run side by side).
-                start = unified_clock.read()
-                indexed = CacheDriver("unified", page, "mla_aware", trim=trim, seed=SEED + i)
-                states = [_state(indexed) for op in ops if indexed.step(op) is None]
-                unified_clock.set(start)
-                full = CacheDriver("unified", page, "mla_aware", trim=trim, seed=SEED + i)
-                full.strategy.indexed_eviction = False
-                for n, (op, state) in enumerate(zip(ops, states)):
-                    full.step(op)
-                    self.assertEqual(state, _state(full), f"seed {SEED}, operation {n} ({op})")
-                walks = [
-                    d.cache.tree_core.components_by_type[ComponentType.FULL].__dict__[
-                        mla_leaf_index._INDEX].walks
-                    for d in (indexed, full)
-                ]
-                self.assertGreater(walks[0], 0)
-                self.assertEqual(walks[1], 0)
-                self.assertGreater(sum(indexed.strategy.learning.returns), 0)
-                self.assertGreater(indexed.strategy.learning.returns_closed, 0)
+def _lock_refs(driver, node):
+    """The lock count of each node on the path from ``node`` up to the root."""
+    if driver.kind == "unified":
+        node = driver.cache.tree_core.node_by_id(node)
+        refs = []
+        while node.parent is not None:
+            refs.append(node.component_data[FULL].lock_ref)
+            node = node.parent
+        return refs
+    refs = []
+    while node is not driver.cache.root_node:
+        refs.append(node.lock_ref)
+        node = node.parent
+    return refs
 
 
-class unified_clock:
-    """The unified tree's clock: a module-level counter stamped on every node touched."""
+class TestChunkedPrefillHandover(CustomTestCase):
+    """A request publishes its prompt in chunks, as the scheduler's chunked prefill
+    does: after each chunk exactly its path is locked, once; no eviction touches it;
+    the previous chunk's lock is gone; at the end nothing is locked."""
 
-    @staticmethod
-    def read():
-        from sglang.srt.mem_cache.unified_cache.components import base
+    def test_each_chunk_moves_the_lock(self):
+        for kind in ("unified", "radix"):
+            for page in (1, 4):
+                with self.subTest(kind=kind, page=page):
+                    self._run(kind, page)
 
-        return base._LAST_ACCESS_TIME_COUNTER_FLOAT
+    def _run(self, kind, page):
+        d = CacheDriver(kind, page, "mla_aware", seed=SEED)
+        prompt = list(range(100, 100 + 6 * page))  # six pages, then a partial one
+        tokens = prompt + [7] * (page + 1)
+        d.requests[0] = req = Request(tokens, len(prompt), None, None, torch.empty(0))
+        m = d.cache.match_prefix(MatchPrefixParams(key=d._key(prompt)))
+        req.node, req.lock = m.last_device_node, d.cache.lock(m.last_device_node)
+        req.row, req.protected = torch.empty(0, dtype=torch.int64), 0
+        need = -(-len(tokens) // page) * page
+        req.row, req.allocated = d.allocator.alloc(need), True
+        for pages in (2, 4, 6):
+            d.checkpoint(req, pages * page)
+            d.check()
+            self.assertEqual(req.protected, pages * page)
+            self.assertEqual(d.cache.protected_size(), pages * page)
+            self.assertEqual(set(_lock_refs(d, req.node)), {1})
+            self.assertEqual(
+                d.cache.evict(EvictParams(num_tokens=10**6)).num_tokens_evicted, 0
+            )
+            d.check()  # the locked path is intact
+        d.checkpoint(req, len(tokens), finished=True)
+        d._release(0)
+        d.check()
+        self.assertEqual(d.cache.protected_size(), 0)
+        # Prompt and output are cached, split at the prompt; the partial page freed.
+        aligned = len(tokens) // page * page
+        self.assertEqual(d.cache.evictable_size(), aligned)
+        self.assertEqual(d.allocator.available_size(), POOL_TOKENS - aligned)
+        d.close()
 
-    @staticmethod
-    def set(value):
-        from sglang.srt.mem_cache.unified_cache.components import base
 
-        base._LAST_ACCESS_TIME_COUNTER_FLOAT = value
-
-
-def _state(driver):
-    """The driver's tree, every node as (its tokens from the root, hit count, last access),
-    sorted, with the learnt factor and weight."""
+def _snapshot(driver):
+    """The tree's content (every node as its tokens from the root and its hit count)
+    and what the strategy learnt: equal snapshots mean equal eviction histories."""
     nodes = []
-    for node in driver._nodes():
+    for node in driver.nodes():
         path, n = [], node
-        while n is not driver._root():
-            path[:0] = list(getattr(n.key, "token_ids", n.key))
+        while n.parent is not None:
+            path[:0] = list(n.key.token_ids)
             n = n.parent
-        nodes.append((tuple(path), node.hit_count, node.last_access_time))
-    learning = driver.strategy.learning
-    return sorted(nodes), learning.factor, learning.weight
+        nodes.append((tuple(path), node.hit_count))
+    s = driver.strategy
+    return sorted(nodes), getattr(s, "factor", None), getattr(s, "weight", None)
 
 
-class TestSoakHasNoGrowth(CustomTestCase):
-    def test_policy_state_stays_within_the_tree(self):
-        sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction"))
-        import soak
+class TestTwoCachesInOneProcess(CustomTestCase):
+    """Two unified caches with their own strategies, operations interleaved: each
+    must evict as it does alone. (The legacy tree stamps nodes with the wall clock,
+    time.monotonic(), so no run of it is repeatable, alone or not.)"""
 
-        # A small pool keeps eviction (which scores every evictable leaf) cheap; a small
-        # table of returning victims shows it filled and held at its bound.
-        with mock.patch.object(GhostLearning, "MAX_GHOSTS", 512):
-            samples = soak.run_soak(requests=20_000, cache="unified", workload="chat",
-                                    capacity_tokens=64 * 512, chunk=5_000, sample_every=2_000,
-                                    seed=SEED % 1000, progress=False, trace_memory=False)
-            self.assertEqual(soak.check(samples), [])
-        print(f"[mla soak] {samples[-1]}", file=sys.stderr)
-        self.assertEqual(samples[-1]["requests"], 20_000)
-        self.assertEqual(max(s["ghosts"] for s in samples), 512)
-        for s in samples:
-            # Only nodes the policy has scored (or their ancestors) carry a memo.
-            self.assertLessEqual(s["memo_nodes"], s["tree_nodes"], s)
-            self.assertEqual(s["stray_memos"], 0, s)
-            self.assertLessEqual(s["tree_nodes"], s["pool_pages"], s)
-        self.assertGreater(samples[-1]["evictions"], 1000)
+    OPS = 800
+
+    def _history(self, policy, seed, ops, other=None, swap_clock=False):
+        """Snapshots of a driver after each of ``ops``, with ``other`` (a (driver,
+        ops) pair) stepped between its operations. ``swap_clock`` gives each cache
+        its own copy of SGLang's process-wide access-time counter."""
+        from sglang.srt.mem_cache.unified_cache.components import base
+
+        start = base._LAST_ACCESS_TIME_COUNTER_FLOAT
+        clocks = [start, start]
+        d = CacheDriver("unified", 1, policy, seed=seed)
+        history = []
+        for i, op in enumerate(ops):
+            if other is not None:
+                if swap_clock:
+                    clocks[0] = base._LAST_ACCESS_TIME_COUNTER_FLOAT
+                    base._LAST_ACCESS_TIME_COUNTER_FLOAT = clocks[1]
+                other[0].step(other[1][i])
+                if swap_clock:
+                    clocks[1] = base._LAST_ACCESS_TIME_COUNTER_FLOAT
+                    base._LAST_ACCESS_TIME_COUNTER_FLOAT = clocks[0]
+            d.step(op)
+            history.append(_snapshot(d))
+        return d, history
+
+    def _ops(self, seed):
+        rng = random.Random(seed)
+        return rng.choices(CacheDriver.OPS, CacheDriver.WEIGHTS, k=self.OPS)
+
+    def _interleaved(self, policy_a, policy_b, swap_clock=False, seed=SEED):
+        ops_a, ops_b = self._ops(seed), self._ops(seed + 1)
+        _, alone = self._history(policy_a, seed, ops_a)
+        b = CacheDriver("unified", 1, policy_b, seed=seed + 1)
+        a, mixed = self._history(policy_a, seed, ops_a, (b, ops_b), swap_clock)
+        first = next((i for i, (x, y) in enumerate(zip(alone, mixed)) if x != y), None)
+        self.assertGreater(a.evictions, self.OPS // 20)  # the order was exercised
+        return a, b, first
+
+    def test_state_is_separate(self):
+        a, b, _ = self._interleaved("mla_aware", "mla_aware")
+        self.assertIsNot(a.strategy, b.strategy)
+        for name, value in vars(MLAAwareStrategy).items():  # no shared mutable state
+            self.assertNotIsInstance(value, (dict, list, set), name)
+        for d in (a, b):
+            s = d.strategy
+            self.assertIs(s._root, d.cache.tree_core.root_node)
+            live = {n.id for n in d.nodes()}
+            self.assertLessEqual(set(s._seen), live)
+            self.assertGreater(len(s._ghosts), 0)
+        for attr in ("_seen", "_children", "_ghosts", "_densities", "_steps"):
+            self.assertIsNot(getattr(a.strategy, attr), getattr(b.strategy, attr))
+
+    def test_lru_order_is_unchanged_by_another_cache(self):
+        """The control: LRU orders by stamps alone, so another cache moving the
+        shared counter between them changes nothing."""
+        self.assertIsNone(self._interleaved("lru", "mla_aware")[2])
+
+    @unittest.expectedFailure
+    def test_mla_aware_order_is_unchanged_by_another_cache(self):
+        """FINDING (issue 31): fails. SGLang 0.5.23's unified tree stamps
+        ``last_access_time`` from one process-wide counter
+        (``unified_cache/components/base.py``: ``_LAST_ACCESS_TIME_COUNTER_FLOAT``), and
+        mla_aware's age is the root's stamp minus the leaf's: another cache's
+        operations stretch the gaps unevenly, so ``age * rate`` orders differ.
+        Remove the decorator once the policy keeps a clock of its own. Seed 0, on
+        which the orders part at operation 319: a fixed seed, so that the expected
+        failure does not depend on MLA_INVARIANT_SEED."""
+        self.assertIsNone(self._interleaved("mla_aware", "mla_aware", seed=0)[2])
+
+    def test_the_shared_counter_is_the_only_coupling(self):
+        """With each cache given its own copy of the counter, the interleaved run
+        equals the run alone, operation by operation."""
+        self.assertIsNone(self._interleaved("mla_aware", "mla_aware", True)[2])
 
 
-class TestBadPolicyConfig(CustomTestCase):
-    """Each bad --radix-eviction-policy-config raises PolicyConfigError naming the key."""
+class TestHiCacheOnCPU(CustomTestCase):
+    """UnifiedRadixCache's HiCache cannot run on CPU in SGLang 0.5.23. The server's
+    path (``create_tree_cache`` -> our backend -> ``create_unified_radix_cache`` ->
+    ``UnifiedRadixCache.init_hicache``) builds ``MLATokenToKVPoolHost`` with pinned
+    memory: ``pool_host.common.alloc_with_host_register`` calls ``_cuda_host_register``,
+    i.e. ``torch.cuda.cudart()``. With that call skipped the cache builds, and the
+    first write-through backup fails in ``MLATokenToKVPoolHost.
+    backup_from_device_all_layer``: the ``sgl_kernel.kvcacheio`` copy kernels are
+    imported only on CUDA/HIP/XPU (and the error path then calls ``synchronize`` on a
+    ``torch.cpu.Stream``, which has none). If this test fails, HiCache runs here: add it to
+    the driver's configurations."""
 
-    CASES = [
-        ({"bogus": 1}, "unknown --radix-eviction-policy-config key 'bogus'"),
-        ({"hit_exponent": "2"}, "key 'hit_exponent' has bad value '2' (expected an integer or a number)"),
-        ({"depth_aware": 1}, "key 'depth_aware' has bad value 1 (expected true or false)"),
-        ({"tp_size": True}, "key 'tp_size' has bad value True (expected an integer)"),
-        ({"tp_size": 0}, "key 'tp_size' must be > 0, got 0"),
-        ({"page_size": -4}, "key 'page_size' must be > 0, got -4"),
-        ({"gpu_tflops": -1.0}, "key 'gpu_tflops' must be > 0, got -1.0"),
-        ({"h2d_gbps": 0}, "key 'h2d_gbps' must be > 0, got 0"),
-        ({"key_unit_tokens": 0}, "key 'key_unit_tokens' must be > 0, got 0"),
-        ({"hit_exponent": -0.5}, "key 'hit_exponent' must be >= 0, got -0.5"),
-        ({"model": 3}, "key 'model' has bad value 3 (expected a string or an object)"),
-        ({"model": "llama-9000"}, "key 'model':"),
-    ]
+    def tearDown(self):
+        from sglang.srt.runtime_context import reset_context
 
-    def test_messages(self):
-        for cfg, fragment in self.CASES:
-            with self.subTest(cfg=cfg):
-                with self.assertRaises(PolicyConfigError) as ctx:
-                    create_mla_aware_strategy(**cfg)
-                self.assertIn(fragment, str(ctx.exception))
+        reset_context()
 
+    @unittest.skipIf(torch.cuda.is_available(), "CUDA present: not the CPU case")
+    def test_what_needs_cuda(self):
+        from sglang.srt.mem_cache.pool_host import common
 
-_V3 = dict(PRESETS["deepseek-v3"])
-_NO_LATENT = {k: v for k, v in _V3.items() if k != "kv_lora_rank"}
-_NO_ARCH = {k: v for k, v in _V3.items() if k != "architectures"}
+        with self.assertRaisesRegex(AssertionError, "Torch not compiled with CUDA"):
+            self._build()
+        with mock.patch.object(common, "_cuda_host_register"):
+            cache, allocator = self._build()
+        self.assertIsNotNone(cache.cache_controller)
+        self.assertIsInstance(cache.tree_core.eviction_strategy, MLAAwareStrategy)
+        key = RadixKey(array("q", [1, 2, 3, 4]))
+        cache.insert(InsertParams(key=key, value=allocator.alloc(4)))
+        # The NameError, then torch.cpu.Stream lacking synchronize() on its way out.
+        with self.assertRaises(AttributeError) as ctx:
+            cache.check_hicache_events()
+        self.assertIn(
+            "'Stream' object has no attribute 'synchronize'", str(ctx.exception)
+        )
+        cause = ctx.exception.__context__
+        self.assertIsInstance(cause, NameError)
+        self.assertIn("'transfer_kv_all_layer_mla_lf_pf' is not defined", str(cause))
 
-# (model config, from_config kwargs, message fragment), measured on this tree.
-MODEL_CASES = [
-    ("llama-9000", {}, "llama-9000: no such config.json, and 'llama-9000' is not a preset (deepseek-r1,"),
-    (_NO_LATENT, {}, "model config: missing field 'kv_lora_rank'"),
-    (_NO_ARCH, {}, "model config: missing field 'architectures'"),
-    (dict(_V3, num_hidden_layers=-1), {}, "field 'num_hidden_layers' must be a non-negative integer, got -1"),
-    ({"architectures": ["BertModel"]}, {}, "field 'architectures' = ['BertModel'] names no causal LM"),
-    ("deepseek-v3", {"kv_cache_dtype": "int3"}, "kv cache dtype 'int3' unknown; use one of bf16,"),
-    # A model whose torch_dtype is no KV dtype: the message names the field.
-    (dict(_V3, torch_dtype="float64"), {}, "field 'torch_dtype' = 'float64' is no KV cache dtype"),
-]
+    def _build(self):
+        from types import SimpleNamespace
 
+        from transformers import PretrainedConfig
 
-class TestBadModelConfig(CustomTestCase):
-    """KVCostModel.from_config rejects a model it cannot describe, naming what is wrong."""
+        from sglang.srt.mem_cache import registry
+        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.mla_cost_model import PRESETS
+        from sglang.srt.runtime_context import get_parallel, publish, reset_context
+        from sglang.srt.server_args import ServerArgs
 
-    def test_messages(self):
-        for cfg, kwargs, fragment in MODEL_CASES:
-            with self.subTest(cfg=cfg if isinstance(cfg, str) else "<dict>", kwargs=kwargs):
-                with self.assertRaises(ModelConfigError) as ctx:
-                    KVCostModel.from_config(cfg, **kwargs)
-                self.assertIn(fragment, str(ctx.exception))
-
-    def test_setup_values(self):
-        with self.assertRaisesRegex(ModelConfigError, "the serving setup: tp_size must be a positive integer, got 0"):
-            KVCostModel.from_config("deepseek-v3", tp_size=0)
-
-    def test_config_files(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            model_dir = Path(tmp) / "model"
-            model_dir.mkdir()
-            (model_dir / "config.json").write_text(json.dumps(_NO_LATENT))
-            broken = Path(tmp) / "broken.json"
-            broken.write_text("{not json")
-            listed = Path(tmp) / "list.json"
-            listed.write_text("[1, 2]")
-            cases = [
-                (model_dir, f"{model_dir}/config.json: missing field 'kv_lora_rank'"),
-                (model_dir / "config.json", f"{model_dir}/config.json: missing field 'kv_lora_rank'"),
-                (broken, f"{broken}: not a readable JSON config: Expecting property name"),
-                (listed, f"{listed}: top level must be a JSON object"),
-                (Path(tmp) / "absent", "no such config.json"),
-            ]
-            for path, fragment in cases:
-                with self.subTest(path=path.name):
-                    with self.assertRaises(ModelConfigError) as ctx:
-                        KVCostModel.from_config(str(path))
-                    self.assertIn(fragment, str(ctx.exception))
-
-    def test_policy_wraps_model_errors(self):
-        for cfg, kwargs, fragment in MODEL_CASES:
-            policy_cfg = {"model": cfg, **kwargs}
-            with self.subTest(cfg=cfg if isinstance(cfg, str) else "<dict>", kwargs=kwargs):
-                with self.assertRaises(PolicyConfigError) as ctx:
-                    create_mla_aware_strategy(**policy_cfg)
-                key = "kv_cache_dtype" if "kv_cache_dtype" in kwargs else "model"
-                self.assertIn(f"mla_aware: key '{key}': ", str(ctx.exception))
-                if key == "model":
-                    self.assertIn(fragment, str(ctx.exception))
-
-    def test_missing_calibration_file(self):
-        with self.assertRaisesRegex(
-            PolicyConfigError, "mla_aware: key 'calibration': .*cannot read calibration JSON"
+        reset_context()
+        server_args = ServerArgs(
+            model_path="dummy",
+            device="cpu",
+            enable_hierarchical_cache=True,
+            radix_eviction_policy="mla_aware",
+            radix_cache_backend="mla_aware",
+        )
+        publish(server_args, role="scheduler")
+        with get_parallel().override(
+            attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0
         ):
-            create_mla_aware_strategy(calibration="/nonexistent/calibration.json")
+            kv = MLATokenToKVPool(
+                size=64,
+                page_size=1,
+                dtype=torch.bfloat16,
+                kv_lora_rank=8,
+                qk_rope_head_dim=4,
+                layer_num=1,
+                device="cpu",
+                enable_memory_saver=False,
+            )
+            allocator = TokenToKVPoolAllocator(
+                64, torch.bfloat16, "cpu", kv, need_sort=False
+            )
+            params = CacheInitParams(
+                disable=False,
+                req_to_token_pool=ReqToTokenPool(
+                    size=4, max_context_len=128, device="cpu", enable_memory_saver=False
+                ),
+                token_to_kv_pool_allocator=allocator,
+                page_size=1,
+                eviction_policy="mla_aware",
+            )
+            ctx = registry.TreeCacheBuildContext(
+                server_args=server_args,
+                params=params,
+                is_hybrid_swa=False,
+                is_hybrid_ssm=False,
+                enable_hierarchical_cache=True,
+                disable_radix_cache=False,
+                tp_worker=SimpleNamespace(
+                    register_hicache_layer_transfer_counter=lambda counter: None
+                ),
+                model_config=SimpleNamespace(
+                    hf_config=PretrainedConfig(**PRESETS["deepseek-v3"])
+                ),
+                tp_size=1,
+                tp_rank=0,
+                tp_group=None,
+            )
+            return registry.create_tree_cache(ctx), allocator
+
+
+class TestTheChecksCatchFaults(CustomTestCase):
+    """Each check can fail: a fault injected into the driver's play is caught within
+    a few hundred operations, on both trees."""
+
+    def _caught(self, kind, inject, ops=400):
+        d = CacheDriver(kind, 4, "mla_aware", seed=SEED)
+        inject(d)
+        with self.assertRaises(AssertionError) as ctx:  # InvariantError or SGLang's
+            d.run(ops)
+            d.close()
+        return str(ctx.exception)
+
+    def test_faults(self):
+        def double_free(d):  # a finished or aborted request frees its slots twice
+            release = d._release
+
+            def faulty(rid):
+                req = d.requests[rid]
+                release(rid)
+                d.allocator.free(req.row[req.protected :])
+
+            d._release = faulty
+
+        def leaked_lock(d):  # the handover forgets to unlock the old node
+            d.cache.unlock = lambda lock: None
+
+        def short_eviction(d):  # the tree frees half of what is asked
+            evict = d.cache.evict
+            d.cache.evict = lambda p: evict(EvictParams(num_tokens=p.num_tokens // 2))
+
+        def lost_lock(d):  # a request's lock dropped behind the scheduler's back
+            step = d.step
+
+            def faulty(op):
+                step(op)
+                for req in d.requests.values():
+                    if req.protected and req.lock is not None:
+                        d.cache.unlock(req.lock)
+                        req.lock = None
+                        break
+
+            d.step = faulty
+
+        faults = {
+            "double free": (double_free, "double free or free of unallocated"),
+            "leaked lock": (leaked_lock, "protected"),
+            "short eviction": (short_eviction, "freed"),
+            "lost lock": (lost_lock, "locked"),
+        }
+        for kind in ("unified", "radix"):
+            for name, (inject, words) in faults.items():
+                with self.subTest(kind=kind, fault=name):
+                    self.assertIn(words, self._caught(kind, inject))
+
+    def test_sglang_tree_checks(self):
+        """A lock count changed under the tree: SGLang's sanity check (unified) and
+        the legacy check both see the sizes no longer add up."""
+        for kind in ("unified", "radix"):
+            with self.subTest(kind=kind):
+                d = CacheDriver(kind, 1, "lru", seed=SEED)
+                while not any(d.nodes()):
+                    d.step("finish")
+                node = next(iter(d.nodes()))
+                if kind == "unified":
+                    node.component_data[FULL].lock_ref += 1
+                else:
+                    node.lock_ref += 1
+                with self.assertRaisesRegex(AssertionError, "(?i)size|leaves"):
+                    d.check()
+
+
+class TestBadInputTable(CustomTestCase):
+    """Every row of docs/reliability.md's bad-input table, run: each bad input is
+    rejected as its row says, naming what is at fault, and the doc holds the table
+    verbatim (``tools/reliability/bad_inputs.py`` prints it)."""
+
+    def test_rows_and_doc(self):
+        sys.path.insert(0, str(REPO / "tools" / "reliability"))
+        import bad_inputs
+
+        rows = bad_inputs.collect()
+        self.assertEqual(bad_inputs.problems(rows), [])
+        surfaces = {case.surface for case, _, _ in rows}
+        self.assertEqual(len(surfaces), 7, surfaces)
+        shown = [(case.surface, case.shown) for case, _, _ in rows]
+        self.assertEqual(len(shown), len(set(shown)))
+        self.assertEqual(bad_inputs.documented(), bad_inputs.markdown(rows))
 
 
 if __name__ == "__main__":
