@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -50,6 +51,14 @@ PREIMPORT = (
 )
 
 
+class _FromSource(importlib.machinery.SourceFileLoader):
+    """Compiles from the source every time: a cached .pyc of an earlier mutant with
+    the same size and mtime second would otherwise be run instead of this one."""
+
+    def get_code(self, fullname):
+        return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
+
+
 class _SourceRoot(importlib.abc.MetaPathFinder):
     """Finds the project's modules under ``root`` ahead of the editable install."""
 
@@ -59,8 +68,9 @@ class _SourceRoot(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name not in PROJECT_MODULES:
             return None
-        file = self.root / (name.replace(".", "/") + ".py")
-        return importlib.util.spec_from_file_location(name, file)
+        file = str(self.root / (name.replace(".", "/") + ".py"))
+        loader = _FromSource(name, file)
+        return importlib.util.spec_from_file_location(name, file, loader=loader)
 
 
 def serve(sock_path: str, source_root: str) -> None:
