@@ -1,5 +1,6 @@
 """KVCostModel against figures worked out by hand, and against SGLang's pools on CPU."""
 
+import dataclasses
 import json
 import math
 import os
@@ -16,6 +17,7 @@ from sglang.srt.mem_cache.memory_pool import (
     MLATokenToKVPool,
 )
 from sglang.srt.mem_cache.mla_cost_model import (
+    LATENT_KINDS,
     PRESETS,
     AttentionKind,
     Calibration,
@@ -653,6 +655,150 @@ class TestCalibration(RelativeCase):
             "calibration: field 'h2d_s_per_token_per_layer' must be a finite "
             "number > 0, got nan",
         )
+
+
+class TestConfigReadingByHand(RelativeCase):
+    """What each config field, default and preset contributes, worked out by hand
+    (added for the mutants the tests above let survive: docs/reliability.md)."""
+
+    def test_dense_multi_layer_by_hand(self):
+        cm = KVCostModel.from_preset("llama-3-8b")
+        # QK^T and AV: 2 FLOPs x 32 heads x (128 + 128) x 32 layers
+        self.assertEqual(cm.attention_flops_per_position, 524_288)
+        # 32 x (q, o: 2 x 4096 x 32 x 128 + k, v: 2 x 4096 x 8 x 128
+        #       + MLP 3 x 4096 x 14336) = 32 x 218,103,808
+        self.assertEqual(cm.active_params, 6_979_321_856)
+        # 2 x 8 kv heads x 128 x 2 B x 32 layers; Qwen2.5-7B 4 heads x 28 layers,
+        # Mistral-7B as Llama-3-8B
+        self.assertEqual(cm.bytes_per_token, 131_072)
+        qwen, mistral = (
+            KVCostModel.from_preset(p) for p in ("qwen2.5-7b", "mistral-7b")
+        )
+        self.assertEqual(
+            (qwen.bytes_per_token, mistral.bytes_per_token), (57_344, 131_072)
+        )
+
+    def test_head_dim_defaults_to_hidden_over_heads(self):
+        config = {k: v for k, v in TINY_LLAMA.items() if k != "head_dim"}
+        cm = KVCostModel.from_config(
+            dict(config, hidden_size=12, num_attention_heads=4)
+        )
+        # head_dim 12 // 4 = 3; 2 x 2 kv heads (of 4: GQA) x 3 x 2 B x 1 layer
+        self.assertEqual((cm.attention, cm.bytes_per_token), (AttentionKind.GQA, 24))
+
+    def test_multi_layer_dsa_by_hand(self):
+        cm = KVCostModel.from_config(dict(TINY_DSA, num_hidden_layers=2))
+        self.assertEqual(cm.attention_flops_per_position, 144)  # 2 x 2 x (16 + 2) x 2
+        self.assertEqual(cm.indexer_flops_per_position, 32)  # 2 x 2 heads x 4 x 2
+        v32 = KVCostModel.from_preset("deepseek-v3.2")
+        self.assertEqual(v32.indexer_flops_per_position, 999_424)  # 2 x 64 x 128 x 61
+        self.assertEqual(v32.attention_window, 2048)
+
+    def test_fp8_dsa_scales_count_whole_blocks(self):
+        # latent 8 B + no scale (8 < 128) + rope 2 x 2 B; indexer 4 B + no scale
+        cm = KVCostModel.from_config(TINY_DSA, kv_cache_dtype="fp8")
+        self.assertEqual(cm.bytes_per_token_per_layer, 16)
+        v32 = KVCostModel.from_preset("deepseek-v3.2", kv_cache_dtype="fp8")
+        for model in (cm, v32):
+            self.assertIs(type(model.bytes_per_token_per_layer), int)
+
+    def test_names(self):
+        cases = [
+            (
+                dict(TINY_LLAMA, _name_or_path="org/tiny", model_type="llama"),
+                "org/tiny",
+            ),
+            (dict(TINY_LLAMA, model_type="llama"), "llama"),
+            (TINY_LLAMA, "model"),
+        ]
+        for config, name in cases:
+            self.assertEqual(KVCostModel.from_config(config).name, name)
+        named = KVCostModel.from_config(dict(TINY_LLAMA, model_type="x"), name="mine")
+        self.assertEqual(named.name, "mine")
+        self.assertEqual(KVCostModel.from_config("DeepSeek-V3").name, "deepseek-v3")
+        self.assertEqual(KVCostModel.from_config("DeepSeek-V3").bytes_per_token, 70_272)
+
+    def test_dtype_field_and_default(self):
+        config = {k: v for k, v in TINY_LLAMA.items() if k != "torch_dtype"}
+        # 2 x 2 heads x 4 x b x 1 layer: fp32 (the newer "dtype" key) 4 B, default 2 B
+        self.assertEqual(
+            KVCostModel.from_config(dict(config, dtype="float32")).bytes_per_token, 64
+        )
+        self.assertEqual(KVCostModel.from_config(config).bytes_per_token, 32)
+
+    def test_kind_from_fields_or_architecture(self):
+        custom = dict(TINY_MLA, architectures=["CustomForCausalLM"])
+        self.assertEqual(KVCostModel.from_config(custom).attention, AttentionKind.MLA)
+        indexed = dict(TINY_MLA, index_head_dim=4, index_n_heads=2, index_topk=2)
+        self.assertEqual(KVCostModel.from_config(indexed).attention, AttentionKind.DSA)
+        no_latent = {k: v for k, v in TINY_MLA.items() if k != "kv_lora_rank"}
+        for arch, field in (
+            ("DeepseekV2ForCausalLM", "kv_lora_rank"),
+            ("DeepseekV3ForCausalLM", "kv_lora_rank"),
+            ("KimiK2ForCausalLM", "kv_lora_rank"),
+            ("DeepseekV32ForCausalLM", "index_head_dim"),
+            ("GlmMoeDsaForCausalLM", "index_head_dim"),
+        ):
+            with self.subTest(arch=arch), self.assertRaises(ModelConfigError) as ctx:
+                config = no_latent if field == "kv_lora_rank" else TINY_MLA
+                KVCostModel.from_config(dict(config, architectures=[arch]))
+            self.assertEqual(
+                str(ctx.exception), f"model config: missing field {field!r}"
+            )
+        self.assertEqual(
+            [k.value for k in AttentionKind], ["mha", "gqa", "mqa", "mla", "dsa"]
+        )
+        self.assertEqual(LATENT_KINDS, {AttentionKind.MLA, AttentionKind.DSA})
+
+    def test_moe_keys_and_defaults(self):
+        # num_local_experts (Mixtral's key), no shared experts, no dense layers:
+        # attention 2 x 8 x (2 + 2) x 4 = 256; MLP (0 + 2) x 3 x 8 x 8 + gate 8 x 4
+        moe = dict(TINY_LLAMA, num_local_experts=4, num_experts_per_tok=2)
+        moe["moe_intermediate_size"] = 8
+        self.assertEqual(KVCostModel.from_config(moe).active_params, 256 + 416)
+        explicit = dict(moe, n_shared_experts=0, first_k_dense_replace=0)
+        self.assertEqual(KVCostModel.from_config(explicit).active_params, 672)
+        # first_k_dense_replace = num_hidden_layers: every layer dense,
+        # 2 x (attention 528 + MLP 1,536)
+        dense = dict(TINY_MOE, first_k_dense_replace=2)
+        self.assertEqual(KVCostModel.from_config(dense).active_params, 4_128)
+
+    def test_calibrated_seconds_past_the_start(self):
+        cal = Calibration("test-gpu", 1e-6, 1e-9, 2e-8)
+        mla = KVCostModel.from_config(TINY_MLA, calibration=cal)
+        # 2 layers x (1e-6 x 2 tokens + 1e-9 x (3 + 4) attended)
+        self.assertRel(mla.prefill_seconds(2, 4), 4.014e-6)
+
+    def test_tokens_for_bytes_is_exact_past_float_precision(self):
+        cm = KVCostModel.from_preset("deepseek-v3")
+        self.assertEqual(cm.tokens_for_bytes(70_272 * 2**53 - 1), 2**53 - 1)
+        self.assertEqual(cm.tokens_for_bytes(70_272), 1)
+
+    def test_negative_position_message(self):
+        with self.assertRaises(ValueError) as ctx:
+            KVCostModel.from_config(TINY_LLAMA).prefill_seconds(-1, 2)
+        self.assertEqual(str(ctx.exception), "positions must be >= 0, got [-1, 2)")
+
+    def test_defaults_and_frozen(self):
+        cm = KVCostModel("m", AttentionKind.MHA, 2, 10, 50, 4)
+        # tp 1, page 1, 400 TFLOP/s, no window, indexer or MHA equivalent
+        self.assertEqual((cm.tp_size, cm.page_size, cm.attention_window), (1, 1, None))
+        self.assertEqual(cm.bytes_for_tokens(3), 60)
+        # (2 x 50 x 2 + 4 x (1 + 2)) / 400e12
+        self.assertRel(cm.prefill_seconds(0, 2), 212 / 400e12)
+        self.assertEqual((cm.compression_vs_mha, cm.indexer_flops_per_position), (0, 0))
+        faster = cm.with_setup(gpu_flops_per_s=800e12)
+        self.assertRel(faster.prefill_seconds(0, 2), 212 / 800e12)
+        for frozen in (cm, Calibration("g", 1.0, 0.0, 1.0)):
+            with self.assertRaises(dataclasses.FrozenInstanceError):
+                frozen.name = "x"
+
+    def test_booleans_are_not_numbers(self):
+        for args in ((True, 1e-9, 2e-8), (1e-6, True, 2e-8), (1e-6, 1e-9, True)):
+            with self.subTest(args=args), self.assertRaises(ModelConfigError):
+                Calibration("g", *args)
+        with self.assertRaises(ModelConfigError):
+            KVCostModel.from_config(dict(TINY_LLAMA, num_hidden_layers=True))
 
 
 if __name__ == "__main__":
