@@ -9,11 +9,13 @@ are simple enough to work out on paper:
     density(n)          = (100 + 2 (n + 1)) / 10:  n=1: 10.4, n=4: 11.0, n=10: 12.2
 """
 
+import dataclasses
 import math
 import unittest
 from types import SimpleNamespace
 
 from sglang.srt.mem_cache.mla_aware_policy import (
+    POLICY_NAME,
     MLAAwareStrategy,
     PolicyConfig,
     PolicyConfigError,
@@ -319,6 +321,232 @@ class TestConfig(CustomTestCase):
         for bad in (0, -1, 1.5, True):
             with self.subTest(key_unit_tokens=bad), self.assertRaises(ValueError):
                 MLAAwareStrategy(COST, key_unit_tokens=bad)
+
+
+def proven_leaf(tree, strategy, parent, key, t):
+    """A leaf proven by two children that were scored and evicted under it."""
+    leaf = tree.node(parent, key, t=t)
+    kids = [tree.node(leaf, [k], t=t) for k in (900 + key[0], 950 + key[0])]
+    for kid in kids:
+        strategy.get_priority(kid)
+    for kid in kids:
+        strategy.on_evict(kid)
+        tree.detach(kid)
+    return leaf
+
+
+class TestLearningByHand(CustomTestCase):
+    """Each rule of the learning on a hand-built tree (added for the mutants the
+    tests above let survive: docs/reliability.md). DENSITY(2) = (100 + 6) / 10."""
+
+    def setUp(self):
+        self.tree, self.s = Tree(), MLAAwareStrategy(COST)
+
+    def evict(self, *leaves):
+        for leaf in leaves:
+            self.s.on_evict(leaf)
+            self.tree.detach(leaf)
+
+    def walks(self, *times, leaves=()):
+        """One walk per time: the root stamped, ``leaves`` scored."""
+        for now in times:
+            self.tree.at(now)
+            for leaf in leaves:
+                self.s.get_priority(leaf)
+
+    def set_factor(self, log_factor):
+        self.s.log_factor, self.s.factor = log_factor, math.exp(log_factor)
+        self.s._version += 1
+
+    def test_names_messages_and_frozen_config(self):
+        self.assertEqual(POLICY_NAME, "mla_aware")
+        self.assertEqual(create_mla_aware_strategy(COST).key_unit_tokens, 1)
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            PolicyConfig().learn_factor = False
+        with self.assertRaises(TypeError) as ctx:
+            MLAAwareStrategy("deepseek-v3")
+        self.assertEqual(
+            str(ctx.exception), "cost_model must be a KVCostModel, got 'deepseek-v3'"
+        )
+        with self.assertRaises(ValueError) as ctx:
+            MLAAwareStrategy(COST, key_unit_tokens=0)
+        self.assertEqual(str(ctx.exception), "key_unit_tokens must be >= 1, got 0")
+
+    def test_weight_is_an_exponent_of_density(self):
+        leaf = self.tree.node(self.tree.root, range(10, 20), t=0.0)
+        self.s.weight = 2.0
+        self.s._version += 1
+        self.tree.at(10.0)
+        p = self.s.get_priority(leaf)
+        self.assertAlmostEqual(p, -10 / (2 * 12.2**2), delta=1e-12)
+
+    def test_one_child_scored_twice_does_not_prove_its_parent(self):
+        tree, s = self.tree, self.s
+        self.set_factor(math.log(3.0))
+        parent = tree.node(tree.root, [1], t=0.0)
+        child = tree.node(parent, [2], t=0.0)
+        self.walks(10.0, 11.0, leaves=[child])
+        self.evict(child)
+        tree.at(12.0)  # unproven: factor 3
+        self.assertAlmostEqual(s.get_priority(parent), -36 / 20.8, delta=1e-12)
+
+    def test_a_leaf_that_gets_two_children_is_proven_and_rescored(self):
+        tree, s = self.tree, self.s
+        s._steps = [1, 0.0]
+        s._apply()  # factor e^0.1, version 1
+        parent = tree.node(tree.root, [1], t=0.0)
+        self.walks(5.0, leaves=[parent])  # scored as an unproven leaf
+        kids = [tree.node(parent, [k], t=5.0) for k in (2, 3)]
+        self.walks(6.0, leaves=kids)
+        self.evict(*kids)
+        tree.at(7.0)  # proven now: factor 1, its cached rate stale
+        self.assertAlmostEqual(s.get_priority(parent), -7 / 20.8, delta=1e-12)
+
+    def _proven_victims_return(self, keys, strategy=None):
+        """Proven leaves, all as old as their walk's oldest, evicted at 11; the same
+        content comes back at 12 and is scored at 13 (first sight) and 14."""
+        tree = self.tree
+        s = self.s = strategy or self.s
+        tree.at(10.0)
+        leaves = [proven_leaf(tree, s, tree.root, [k], t=0.0) for k in keys]
+        self.walks(11.0, leaves=leaves)
+        self.evict(*leaves)
+        back = [tree.node(tree.root, [k], t=12.0) for k in keys]
+        self.walks(13.0, 14.0, leaves=back)
+        return back
+
+    def test_two_returns_in_one_walk_count_twice(self):
+        self._proven_victims_return([1, 4])
+        self.assertAlmostEqual(self.s.log_factor, 0.2, delta=1e-12)
+        self.assertAlmostEqual(self.s.weight, 1 + 2 * 0.02 * 0.8, delta=1e-12)
+        self.walks(15.0, 16.0)  # nothing more came back: nothing moves
+        self.assertAlmostEqual(self.s.log_factor, 0.2, delta=1e-12)
+        self.assertAlmostEqual(self.s.weight, 1.032, delta=1e-12)
+
+    def test_factor_or_weight_learnt_alone(self):
+        self._proven_victims_return([1], MLAAwareStrategy(COST, learn_factor=False))
+        self.assertEqual((self.s.log_factor, self.s.factor), (0.0, 1.0))
+        self.assertAlmostEqual(self.s.weight, 1.016, delta=1e-12)
+        self.setUp()
+        self._proven_victims_return([1], MLAAwareStrategy(COST, learn_weight=False))
+        self.assertAlmostEqual(self.s.factor, math.exp(0.1), delta=1e-12)
+        self.assertEqual(self.s.weight, 1.0)
+
+    def test_every_step_refreshes_cached_rates(self):
+        tree, s = self.tree, self.s
+        tail = tree.node(tree.root, [77], t=0.0)  # unproven, scored in every walk
+        for rnd, key in enumerate((1, 4)):
+            t = 20.0 * rnd
+            tree.at(t + 10.0)
+            leaf = proven_leaf(tree, s, tree.root, [key], t=t)
+            self.walks(t + 11.0, leaves=[leaf, tail])
+            self.evict(leaf)
+            back = tree.node(tree.root, [key], t=t + 12.0)
+            self.walks(t + 13.0, t + 14.0, leaves=[back, tail])
+            self.evict(back)
+        self.assertAlmostEqual(s.log_factor, 0.2, delta=1e-12)
+        # tail: age 34, factor e^0.2, hits 1, density 10.4, weight 1.016 (the second
+        # victim, age 11 beside the tail's 31, was young and proven: no weight step)
+        expected = -34 * math.exp(0.2) / (2 * 10.4**1.016)
+        self.assertAlmostEqual(s.get_priority(tail), expected, delta=1e-12)
+
+    def test_an_unscored_victim_is_unproven_and_lowers_the_factor_one_step(self):
+        tree, s = self.tree, self.s
+        self.set_factor(0.5)
+        other = tree.node(tree.root, [5], t=0.0)
+        never = tree.node(tree.root, [6], t=1.0)
+        self.walks(2.0, leaves=[other])
+        self.evict(never)
+        back = tree.node(tree.root, [6], t=3.0)
+        self.walks(4.0, 5.0, leaves=[back])
+        self.assertAlmostEqual(s.log_factor, 0.4, delta=1e-12)
+
+    def test_old_is_half_the_oldest_age_of_the_walk(self):
+        # (ages in the walk, victim's age): the victim is old, unproven, so the
+        # weight does not move; it is young just below half the oldest age.
+        for ages, victim_age, weight in (
+            ((0.4,), 0.3, 1.0),  # fractions of a second, as the legacy tree's clock
+            ((10.0,), 5.0, 1.0),  # exactly half: old
+            ((10.0,), 4.0, 1 - 0.02 * 0.2),  # young
+        ):
+            with self.subTest(ages=ages, victim_age=victim_age):
+                tree, s = Tree(), MLAAwareStrategy(COST)
+                now = max(ages)
+                leaves = [
+                    tree.node(tree.root, [i], t=now - a) for i, a in enumerate(ages)
+                ]
+                victim = tree.node(tree.root, [50], t=now - victim_age)
+                tree.at(now)
+                for leaf in leaves + [victim]:
+                    s.get_priority(leaf)
+                s.on_evict(victim)
+                tree.detach(victim)
+                back = tree.node(tree.root, [50], t=now + 1)
+                for later in (now + 2, now + 3):
+                    tree.at(later)
+                    s.get_priority(back)
+                self.assertAlmostEqual(s.weight, weight, delta=1e-12)
+
+    def test_a_split_after_a_step_reprices(self):
+        tree, s = self.tree, self.s
+        s._steps = [1, 0.0]
+        s._apply()  # version 1
+        self.set_factor(0.0)  # version 2: B back at 1 for simple figures
+        s._version = 1
+        leaf = tree.node(tree.root, range(10, 20), t=0.0)
+        tree.at(10.0)
+        self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 12.2), delta=1e-12)
+        tree.detach(leaf)
+        upper = tree.node(tree.root, range(10, 16), t=0.0)
+        leaf.parent, leaf.key = upper, tuple(range(16, 20))
+        upper.children[16] = leaf
+        self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 11.0), delta=1e-12)
+
+    def test_the_seen_table_is_cleared_at_its_bound(self):
+        self.tree.at(1.0)
+        for i in range(10):
+            self.s.get_priority(self.tree.node(self.tree.root, [i], t=0.0))
+        self.assertEqual(len(self.s._seen), 10)
+        s = MLAAwareStrategy(COST)
+        s.MAX_SEEN = 3
+        for i in range(10, 14):
+            s.get_priority(self.tree.node(self.tree.root, [i], t=0.0))
+        self.assertEqual(len(s._seen), 1)  # cleared on the fourth
+
+    def test_a_ghost_is_where_content_starts_and_its_first_eight_tokens(self):
+        tree, s = self.tree, self.s
+        tree.at(10.0)
+        top = tree.node(tree.root, [9, 9], t=0.0)
+        other = tree.node(tree.root, [8], t=0.0)
+        deep = proven_leaf(tree, s, top, list(range(1, 11)), t=0.0)
+        self.walks(11.0, leaves=[deep, other])
+        self.evict(deep)
+        at_root = tree.node(tree.root, list(range(1, 11)), t=12.0)  # starts at 0
+        self.walks(13.0, 14.0, leaves=[at_root])
+        self.assertEqual(s.log_factor, 0.0)
+        # Back where it started (after 2 tokens), the same first 8 tokens: learnt.
+        back = tree.node(top, [*range(1, 9), 99], t=15.0)
+        self.walks(16.0, 17.0, leaves=[back])
+        self.assertAlmostEqual(s.log_factor, 0.1, delta=1e-12)
+
+    def test_bounds(self):
+        s = self.s
+        s._steps = [1000, 10.0]
+        s._apply()
+        self.assertAlmostEqual(s.factor, 1000.0, delta=1e-9)
+        self.assertEqual(s.weight, 3.0)
+        s._steps = [-5000, -10.0]
+        s._apply()
+        self.assertEqual((s.factor, s.weight), (1.0, 0.25))
+        tree = self.tree
+        tree.at(1.0)
+        s.get_priority(tree.node(tree.root, [0], t=0.0))  # the tree it evicts from
+        for i in range(65_537):
+            s.on_evict(
+                SimpleNamespace(id=-1, parent=tree.root, key=(i,), last_access_time=0.0)
+            )
+        self.assertEqual(len(s._ghosts), 65_536)  # the oldest forgotten
+        self.assertEqual(next(iter(s._ghosts)), (0, (1,)))
 
 
 if __name__ == "__main__":
