@@ -1,289 +1,341 @@
-"""Check ``mla_aware`` against the bar of issue 4 on every trace and workload, in one run.
+"""The project's acceptance check: ``mla_aware`` against SGLang's built-ins and the
+published peers, over run-to-run noise, in one command.
 
-    python benchmark/mla_eviction/bar_check.py --markdown docs/results/bar_check.md \\
-        --json docs/results/bar_check.json
-    python benchmark/mla_eviction/bar_check.py --trace conversation=PATH --sources conversation
+    python benchmark/mla_eviction/bar_check.py \\
+        --variant no-factor='{"learn_factor": false}' \\
+        --variant no-weight='{"learn_weight": false}'
 
-Replays each source with every SGLang built-in, ``mla_aware`` and the offline bound at
-1 %, 5 %, 10 % and 25 % of its unique blocks (timed mode, unified tree), then each real
-trace (the shipped one and those given by ``--trace``) with a modelled host tier 4x the
-device capacity (LRU and ``mla_aware``), and prints one row per (check, source, capacity)
-with the measured numbers and PASS or MISS:
-
-- ``gain``: at 1 % and 5 %, where the bound leaves LRU at least 10 points of FLOP hit
-  rate, ``mla_aware`` at least 15 % above LRU (relative);
-- ``floor``: at every capacity, at most 0.5 points below the best built-in; on a source
-  whose requests carry session ids (multi-turn), ``floor-sr`` too: against the best
-  built-in run with SGLang's session radix cache (``--enable-session-radix-cache``, which
-  evicts open sessions' KV last), ``mla_aware`` with its defaults and without it;
-- ``ttft``: with the host tier, modelled TTFT p50 at least 30 % below LRU's;
-- ``cpu``: the cache CPU time ``mla_aware`` adds per request over LRU (same run, Python
-  tree core; the least of ``--cpu-runs`` replays of each, all but the first one at a
-  time) under 1 % of the mean modelled
-  prefill time per request.
-
-The share of the LRU-to-bound gap closed is reported per row. ``--trim-victims all``
-checks the policy alone: every policy then frees only what an eviction asks for. The
-exit status is 0 whatever the outcome (this is a report); 2 on bad arguments.
+Each source and capacity is replayed with the built-ins (Rust tree core), the peers,
+mla_aware and its ``--variant`` configs (Python core), on the trace as given and on
+``--jitters`` N arrival jitters. Checks: floor (mla_aware's mean FLOP hit rate at most
+0.5 points below any built-in or peer), gain (synthetic, 5 % and 10 %: >= 90 % of its
+gain over LRU at a4e6c30), aim (conversation, 5 %: 1.10x LRU), cpu (cache CPU per
+request <= 2.5x stock SGLang's, medians of interleaved single-process replays).
+Exit status 0: every check passes; 1: one misses (or
+the outputs could not be written); 2: bad input (one line on stderr, nothing run).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import shlex
+import statistics
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replay  # noqa: E402
+from replay import UsageError  # noqa: E402
 
 CANDIDATE = "mla_aware"
-BUILTINS = ("lru", "lfu", "fifo", "slru", "priority", "tlru")
-GSP_ZIPF = ["--workload-param", "group_distribution=zipf", "--workload-param", "zipf_alpha=1.1"]
-# name -> replay.py source arguments
-SOURCES = {
-    "mooncake": [],  # replay.py's default: the shipped trace
-    "mooncake-x3": ["--scale", "3"],
-    "chat": ["--workload", "chat"],
-    "few-shot": ["--workload", "few-shot"],
-    "multi-turn": ["--workload", "multi-turn"],
-    "gsp-zipf": ["--workload", "gsp", *GSP_ZIPF],
-    "gsp-uniform": ["--workload", "gsp"],
+BUILTINS = tuple(replay.BUILTINS.split(","))
+PEERS = tuple(replay.PEER_NAMES.split(","))
+POLICIES = ",".join((*BUILTINS, *PEERS, CANDIDATE))
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "results"
+TRACES = {
+    n: f"../shared/traces/mooncake_{n}_trace.jsonl"
+    for n in ("conversation", "synthetic")
 }
-GAIN_CAPACITIES = ("1%", "5%")
-SESSION_RADIX = "+session-radix"  # a source's key in the JSON's replays: built-ins with it
-MIN_HEADROOM, MIN_GAIN, FLOOR_POINTS, TTFT_CUT, CPU_SHARE = 10.0, 0.15, 0.5, 0.30, 0.01
+WORKLOADS = ("chat", "few-shot", "multi-turn", "gsp")
+FLOOR_POINTS, GAIN_SHARE, AIM_RATIO, CPU_LIMIT = 0.5, 0.9, 1.10, 2.5
+# Targets: mla_aware's gain over LRU in FLOP-hit points on the synthetic trace at
+# commit a4e6c30 (docs/results/mooncake_timed.md there): 22.45 - 13.32 at 5 %,
+# 33.51 - 24.60 at 10 %.
+REFERENCE_GAIN = {"5%": 9.13, "10%": 8.91}
+CHECK_KEYS = ("check", "source", "capacity", "pass", "measured", "reference")
+INTRO = """# mla_aware acceptance check
+
+`{command}`
+
+{runs} runs per (source, capacity): run 0 is the trace as given, runs 1..{jitters} \
+arrival jitters (replay.py --jitter-seed); generated workloads: seeds 0..{jitters}. \
+FLOP hit rates in %, mean ± spread over runs, spread = (max - min) / 2; differences \
+paired by run: a win if mean > spread, a loss if mean < -spread, else within spread. \
+Built-ins on SGLang's Rust tree core, peers and mla_aware on the Python core. \
+Took {minutes:.1f} min.
+
+| check | source | capacity | measured | reference | result |
+|---|---|---|---|---|---|"""
 
 
-def add_source_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments that pick the sources, capacities and generated workloads
-    (read back by :func:`resolve_sources`)."""
-    p.add_argument("--sources", default=None,
-                   help=f"comma list of {', '.join(SOURCES)} and names given by --trace "
-                   "(default: all)")
-    p.add_argument("--trace", action="append", default=[], metavar="NAME=PATH",
-                   help="add a Mooncake-format trace as source NAME, checked like the shipped "
-                   "trace (repeatable)")
-    p.add_argument("--capacity", default=replay.DEFAULT_CAPACITIES)
-    p.add_argument("--num-requests", type=int, default=2000, help="requests per generated workload")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
 
 
-def resolve_sources(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Set ``args.source_args`` (name -> replay.py source arguments), ``args.traces`` (the
-    real traces) and ``args.sources`` (the names asked for) from the arguments of
-    :func:`add_source_arguments`; ``p.error`` on a bad one."""
-    args.source_args = dict(SOURCES)
-    args.traces = ["mooncake"]  # the real traces, checked with a host tier too
-    for spec in args.trace:
-        name, sep, path = spec.partition("=")
-        name = name.strip()
-        if not (sep and name and path) or "," in name:
-            p.error(f"--trace: expected NAME=PATH (NAME without commas), got {spec!r}")
-        if name in args.source_args:
-            p.error(f"--trace: source name {name!r} is taken")
-        args.source_args[name] = ["--trace", path]
-        args.traces.append(name)
-    if args.sources is None:
-        args.sources = list(args.source_args)
-    else:
-        args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
-    unknown = [s for s in args.sources if s not in args.source_args]
-    if unknown or not args.sources:
-        p.error(f"--sources: unknown {unknown}; known: {', '.join(args.source_args)}")
+def parse_args(argv) -> argparse.Namespace:
+    """The options, checked (UsageError); ``args.sources`` maps each source to its
+    replay.py arguments, ``args.variants`` each row label to its policy config."""
+    from sglang.srt.mem_cache.mla_aware_policy import PolicyConfig, PolicyConfigError
+    from sglang.srt.mem_cache.mla_cost_model import Calibration, ModelConfigError
 
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_source_arguments(p)
-    p.add_argument("--no-host-tier", action="store_true", help="skip the TTFT check")
-    p.add_argument("--trim-victims", choices=replay.TRIM_VICTIMS, default="policy",
-                   help="replay.py's: 'all' gives the built-ins and the bound the trimmed "
-                        "evictions mla_aware has, 'none' takes them from mla_aware too")
-    p.add_argument("--jobs", type=int, default=replay.DEFAULT_JOBS)
-    p.add_argument("--cpu-runs", type=int, default=3,
-                   help="replays of LRU and mla_aware whose least cache CPU the cpu check takes")
-    p.add_argument("--json", dest="json_path")
-    p.add_argument("--markdown")
+    p = _Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sources", help="comma list (default: every trace)")
+    p.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
+    p.add_argument("--capacity", default="5%,10%,25%")
+    p.add_argument("--jitters", type=int, default=3, help="runs beyond the first")
+    p.add_argument("--num-requests", type=int, default=2000, help="per workload")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=JSON")
+    p.add_argument("--cpu-rounds", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--markdown", default=str(RESULTS / "bar_check.md"))
+    p.add_argument("--json", dest="json_path", default=str(RESULTS / "bar_check.json"))
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    resolve_sources(p, args)
-    if args.cpu_runs < 1:
-        p.error(f"--cpu-runs must be >= 1, got {args.cpu_runs}")
+    for name in ("jitters", "num_requests", "cpu_rounds", "jobs"):
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be >= 1, got {getattr(args, name)}")
+    traces = {name: str(REPO / path) for name, path in TRACES.items()}
+    for spec in args.trace:
+        name, sep, path = spec.partition("=")
+        if not (sep and name and path) or "," in name or name in WORKLOADS:
+            raise UsageError(f"--trace {spec!r}: expected NAME=PATH (NAME no workload)")
+        traces[name] = path
+    names = args.sources.split(",") if args.sources else [*traces]
+    names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    known = [*traces, *WORKLOADS]
+    for name in names or [""]:
+        if name not in known:
+            raise UsageError(f"--sources: unknown {name!r}; known: {', '.join(known)}")
+    args.sources = {
+        n: ["--trace", traces[n]] if n in traces else ["--workload", n] for n in names
+    }
+    args.variants = {}
+    for spec in args.variant:
+        name, sep, text = spec.partition("=")
+        label = f"{CANDIDATE}[{name}]"
+        if not (sep and name) or label in args.variants:
+            raise UsageError(f"--variant {spec!r}: expected a new NAME=JSON")
+        try:
+            args.variants[label] = json.loads(text)
+            calibration = PolicyConfig.parse(args.variants[label]).calibration
+            if calibration is not None:
+                Calibration.load(calibration)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--variant {name}: not JSON: {e}") from None
+        except (PolicyConfigError, ModelConfigError) as e:
+            raise UsageError(f"--variant {name}: {e}") from None
+    replay.check_output_path("--markdown", args.markdown)
+    replay.check_output_path("--json", args.json_path)
     return args
 
 
-def source_arguments(name: str, args) -> list[str]:
-    """replay.py's arguments that pick source ``name`` (trace or workload, size, seed)."""
-    return [*args.source_args[name], "--num-requests", str(args.num_requests), "--seed", str(args.seed)]
+def plan(args) -> tuple[list, dict]:
+    """The replays, as (row labels, replay.py arguments, config), and per source its
+    first run's (trace, cost model, configs)."""
+    tasks, first = [], {}
+    for name, source in args.sources.items():
+        for run in range(args.jitters + 1):
+            seed = ["--jitter-seed", str(run)]
+            if source[0] == "--workload":
+                seed = ["--seed", str(run), "--num-requests", str(args.num_requests)]
+            argv = (*source, *seed, "--capacity", args.capacity, "--policies", POLICIES)
+            try:
+                trace, cost, configs = replay.prepare(replay.parse_args(argv))
+            except UsageError as e:
+                raise UsageError(f"source {name}: {e}") from None
+            first.setdefault(name, (trace, cost, configs))
+            meta = {"source": name, "run": run}
+            tasks += [({**meta, "label": c.policy}, argv, c) for c in configs]
+            mla = [c for c in configs if c.policy == CANDIDATE]
+            for label, config in args.variants.items():
+                mla_v = [dataclasses.replace(c, policy_config=config) for c in mla]
+                tasks += [({**meta, "label": label}, argv, c) for c in mla_v]
+    return tasks, first
 
 
-def replay_source(name: str, args, host_tier: bool = False, policies: str = "",
-                  session_radix: bool = False) -> list[dict]:
-    """Summaries of replay.py on one source (raises replay.UsageError on bad input): every
-    built-in, ``mla_aware`` and the bound, or ``policies``; with ``host_tier``, LRU and
-    ``mla_aware`` on a 4x host tier; with ``session_radix``, on a tree with SGLang's
-    session radix cache."""
-    if not policies:
-        policies = f"lru,{CANDIDATE}" if host_tier else ",".join((*BUILTINS, CANDIDATE, "optimal"))
-    rargs = replay.parse_args([
-        *source_arguments(name, args),
-        "--capacity", args.capacity, "--policies", policies, "--jobs", str(args.jobs),
-        "--trim-victims", args.trim_victims,
-        *(["--host-tier", "4x"] if host_tier else []),
-        *(["--session-radix-cache"] if session_radix else []),
-        *(["--no-progress"] if args.no_progress else []),
-    ])
-    trace, cost, configs = replay.prepare(rargs)
-    return replay.run_all(rargs, configs, trace, cost)
+_LOADED: dict = {}
 
 
-def carries_sessions(name: str, args) -> bool:
-    """Whether any request of source ``name`` carries a session id."""
-    trace = replay.load_trace(replay.parse_args(source_arguments(name, args)))
-    return any(r.session_id is not None for r in trace.requests)
+def _replay(argv: tuple, config) -> dict:
+    """One replay's summary, in a process set up by replay.init_process()."""
+    from simulator import Replayer
+
+    if argv not in _LOADED:
+        rargs = replay.parse_args(list(argv))
+        _LOADED[argv] = (replay.load_trace(rargs), replay.build_cost_model(rargs))
+    return Replayer(*_LOADED[argv], config).run().summary()
 
 
-def least_cpu(name: str, args, results: list[dict]) -> list[dict]:
-    """``results`` with the cache CPU of LRU and the candidate lowered to the least of
-    ``args.cpu_runs`` replays (these and ``cpu_runs - 1`` more of the two).
-
-    One replay's CPU time moves by a third between runs on a shared machine; the least
-    of a few is the policy's cost with the least interference. The further runs replay
-    one at a time (``jobs`` 1): a replay beside another on a 2-core machine shares its
-    caches and memory bandwidth, so the first runs, made with ``args.jobs``, read more
-    CPU than they would alone. Everything else a replay measures is deterministic, so
-    only ``cpu_us_per_request`` changes (``cpu_runs`` says over how many runs).
-    """
-    least = {(r["policy"], r["capacity"]): r["cpu_us_per_request"] for r in results}
-    alone = argparse.Namespace(**{**vars(args), "jobs": 1})
-    for _ in range(args.cpu_runs - 1):
-        for r in replay_source(name, alone, policies=f"lru,{CANDIDATE}"):
-            key = (r["policy"], r["capacity"])
-            least[key] = min(least[key], r["cpu_us_per_request"])
-    return [
-        {**r, "cpu_us_per_request": least[(r["policy"], r["capacity"])], "cpu_runs": args.cpu_runs}
-        if r["policy"] in ("lru", CANDIDATE) else r
-        for r in results
-    ]
-
-
-def checks(source: str, results: list[dict], host_tier: bool = False) -> list[dict]:
-    """Bar rows for one source's summaries (see the module docstring)."""
-    rows = []
-    by_cap: dict = {}
-    for r in results:
-        by_cap.setdefault(r["capacity"], {})[r["policy"]] = r
-    for cap, group in by_cap.items():
-        mla, lru = group[CANDIDATE], group["lru"]
-        row = {"source": source, "capacity": cap, "policy": CANDIDATE,
-               "candidate": 100 * mla["flop_hit_rate"], "lru": 100 * lru["flop_hit_rate"]}
-        if host_tier:
-            p50, base = mla["ttft_p50_s"], lru["ttft_p50_s"]
-            rows.append({**row, "check": "ttft", "candidate_ttft_p50_s": p50,
-                         "lru_ttft_p50_s": base, "cut": 1 - p50 / base if base else 0.0,
-                         "pass": base > 0 and p50 <= (1 - TTFT_CUT) * base})
-            continue
-        bound = 100 * group["optimal"]["flop_hit_rate"]
-        best, best_rate = best_builtin(group)
-        row.update(optimal=bound, gap_closed=mla.get("gap_closed"))
-        rows.append({**row, "check": "floor", "best_builtin": best, "best": best_rate,
-                     "pass": row["candidate"] >= best_rate - FLOOR_POINTS})
-        if cap in GAIN_CAPACITIES:
-            gain = row["candidate"] / row["lru"] - 1 if row["lru"] else 0.0
-            applies = bound - row["lru"] >= MIN_HEADROOM
-            rows.append({**row, "check": "gain", "gain": gain, "applies": applies,
-                         "pass": gain >= MIN_GAIN if applies else None})
-        added_us = mla["cpu_us_per_request"] - lru["cpu_us_per_request"]
-        prefill_us = 1e3 * mla["prefill_ms_per_request"]
-        rows.append({**row, "check": "cpu", "added_cpu_us": added_us, "prefill_us": prefill_us,
-                     "cpu_runs": mla.get("cpu_runs", 1),
-                     "pass": added_us < CPU_SHARE * prefill_us})
+def replay_all(args, tasks, bar) -> list[dict]:
+    """Each task's labels and replay summary (``cpu_vs_stock`` set per run)."""
+    with ProcessPoolExecutor(args.jobs, initializer=replay.init_process) as pool:
+        futures = [pool.submit(_replay, argv, c) for _, argv, c in tasks]
+        for f in futures:
+            f.add_done_callback(lambda _: bar.update())
+        results = [f.result() for f in futures]
+    rows = [{**meta, **r} for (meta, _, _), r in zip(tasks, results)]
+    for key in dict.fromkeys((r["source"], r["run"]) for r in rows):
+        replay.add_relative_figures([r for r in rows if (r["source"], r["run"]) == key])
     return rows
 
 
-def best_builtin(group: dict) -> tuple[str, float]:
-    """The built-in of ``group`` (policy -> summary, one capacity) with the highest FLOP hit
-    rate, and that rate in %."""
-    best = max((p for p in BUILTINS if p in group), key=lambda p: group[p]["flop_hit_rate"])
-    return best, 100 * group[best]["flop_hit_rate"]
+def cpu_rounds(args, first: dict, bar) -> dict:
+    """Cache CPU per request of stock SGLang (LRU, Rust core) and mla_aware, replayed
+    alternately in this process, ``args.cpu_rounds`` times each."""
+    from simulator import Replayer
+
+    source = "synthetic" if "synthetic" in first else next(iter(first))
+    trace, cost, configs = first[source]
+    caps = [c.capacity_label for c in configs]
+    cap = "5%" if source == "synthetic" and "5%" in caps else caps[0]
+    pair = [c for c in configs if c.capacity_label == cap]
+    pair = [c for c in pair if c.policy in ("lru", CANDIDATE)]
+    replay.init_process()
+    us: dict = {"lru": [], CANDIDATE: []}
+    cores: dict = {}  # the tree core SGLang ran each on
+    for _ in range(args.cpu_rounds):
+        for config in pair:
+            summary = Replayer(trace, cost, config).run().summary()
+            us[config.policy].append(summary["cpu_us_per_request"])
+            cores[config.policy] = summary["tree_core"]
+            bar.update()
+    return {"source": source, "capacity": cap, "us_per_request": us, "cores": cores}
 
 
-def session_radix_floor(source: str, results: list[dict], with_sessions: list[dict]) -> list[dict]:
-    """``floor-sr`` rows: the candidate of ``results`` against the best built-in of
-    ``with_sessions`` (the built-ins replayed with the session radix cache)."""
-    by_cap: dict = {}
-    for r in with_sessions:
-        by_cap.setdefault(r["capacity"], {})[r["policy"]] = r
-    rows = []
-    for r in results:
-        if r["policy"] == CANDIDATE:
-            best, best_rate = best_builtin(by_cap[r["capacity"]])
-            rate = 100 * r["flop_hit_rate"]
-            rows.append({"source": source, "capacity": r["capacity"], "policy": CANDIDATE,
-                         "check": "floor-sr", "candidate": rate, "best_builtin": best,
-                         "best": best_rate, "pass": rate >= best_rate - FLOOR_POINTS})
-    return rows
+def spread(values) -> float:
+    return (max(values) - min(values)) / 2
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = [f"| check | source | capacity | {CANDIDATE} | reference | measured | result |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ok = "n/a" if r["pass"] is None else ("PASS" if r["pass"] else "**MISS**")
-        kind = r["check"]
-        if kind == "ttft":
-            ref = f"LRU p50 {r['lru_ttft_p50_s']:.3f} s"
-            got = (f"p50 {r['candidate_ttft_p50_s']:.3f} s ({100 * r['cut']:+.0f} % cut, "
-                   f"need {100 * TTFT_CUT:.0f} %)")
-        elif kind in ("floor", "floor-sr"):
-            radix = " + session radix cache" if kind == "floor-sr" else ""
-            ref = f"best built-in{radix} {r['best_builtin']} {r['best']:.2f} %"
-            got = f"{r['candidate'] - r['best']:+.2f} pts (floor -{FLOOR_POINTS})"
-        elif kind == "gain":
-            ref = f"LRU {r['lru']:.2f} %, bound {r['optimal']:.2f} %"
-            got = f"{100 * r['gain']:+.1f} % vs LRU" + (
-                "" if r["applies"] else f" (headroom < {MIN_HEADROOM:.0f} pts)")
-        else:
-            ref = f"prefill {r['prefill_us'] / 1e3:.1f} ms/request"
-            runs = r["cpu_runs"]
-            got = f"{r['added_cpu_us']:+.0f} µs/request over LRU" + (
-                f" (least of {runs} runs)" if runs > 1 else "")
-        gap = r.get("gap_closed")
-        gap_text = "" if gap is None else f", gap closed {100 * gap:.0f} %"
-        lines.append(f"| {kind} | {r['source']} | {r['capacity']} | {r['candidate']:.2f} %"
-                     f"{gap_text} | {ref} | {got} | {ok} |")
-    misses = sum(r["pass"] is False for r in rows)
-    lines += ["", f"{misses} of {sum(r['pass'] is not None for r in rows)} checks missed."]
-    return "\n".join(lines)
+def classify(mean: float, half: float) -> str:
+    return "win" if mean > half else "loss" if mean < -half else "within spread"
+
+
+def compare(a: list, b: list) -> dict:
+    """``a`` minus ``b`` (rates by run), paired by run: mean, spread and class."""
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    mean, half = statistics.fmean(diffs), spread(diffs)
+    return {"mean": mean, "spread": half, "class": classify(mean, half)}
+
+
+def rates(rows: list[dict]) -> dict:
+    """(source, capacity) -> row label -> FLOP hit rate in % by run."""
+    out: dict = {}
+    for r in sorted(rows, key=lambda r: r["run"]):
+        group = out.setdefault((r["source"], r["capacity"]), {})
+        group.setdefault(r["label"], []).append(100 * r["flop_hit_rate"])
+    return out
+
+
+def checks(by_cap: dict, cpu: dict) -> list[dict]:
+    """The check rows from :func:`rates` and :func:`cpu_rounds`' result."""
+    out = []
+    for (source, cap), by in by_cap.items():
+        mla, lru = statistics.fmean(by[CANDIDATE]), statistics.fmean(by["lru"])
+        means = {p: statistics.fmean(by[p]) for p in (*BUILTINS, *PEERS) if p in by}
+        best = max(means, key=means.get)
+        got = f"mla_aware {mla:.2f} % ({mla - means[best]:+.2f} pts)"
+        ref = (
+            f"best built-in/peer {best} {means[best]:.2f} %, floor -{FLOOR_POINTS} pts"
+        )
+        out.append(("floor", source, cap, mla >= means[best] - FLOOR_POINTS, got, ref))
+        if source == "synthetic" and cap in REFERENCE_GAIN:
+            gain, target = compare(by[CANDIDATE], by["lru"]), REFERENCE_GAIN[cap]
+            got = f"{gain['mean']:+.2f} ± {gain['spread']:.2f} pts over LRU"
+            got += f" ({mla:.2f} % vs {lru:.2f} %)"
+            ref = f">= 90 % of {target:+.2f} pts (a4e6c30) = {GAIN_SHARE * target:+.2f}"
+            ok = gain["mean"] >= GAIN_SHARE * target
+            out.append(("gain", source, cap, ok, got, ref))
+        if source == "conversation" and cap == "5%":
+            ratio = mla / lru if lru else float("inf")
+            got = f"{ratio:.3f}x LRU ({mla:.2f} % vs {lru:.2f} %)"
+            out.append(("aim", source, cap, ratio >= AIM_RATIO, got, f"{AIM_RATIO}x"))
+    us = cpu["us_per_request"]
+    base, mla = statistics.median(us["lru"]), statistics.median(us[CANDIDATE])
+    ratio = mla / base if base else float("inf")
+    core = cpu["cores"]["lru"]
+    got = f"{ratio:.2f}x: mla_aware {mla:.0f} µs/req, lru ({core}) {base:.0f} µs/req"
+    ref = f"<= {CPU_LIMIT}x stock SGLang (medians, {len(us['lru'])} rounds)"
+    out.append(("cpu", cpu["source"], cpu["capacity"], ratio <= CPU_LIMIT, got, ref))
+    return [dict(zip(CHECK_KEYS, row)) for row in out]
+
+
+def comparisons(by_cap: dict) -> list[dict]:
+    """mla_aware minus every other policy, and every variant minus mla_aware."""
+    out = []
+    for (source, cap), by in by_cap.items():
+        for label, values in by.items():
+            variant = label.startswith(f"{CANDIDATE}[")
+            if label != CANDIDATE:
+                a, b = (values, by[CANDIDATE]) if variant else (by[CANDIDATE], values)
+                meta = {"source": source, "capacity": cap, "policy": label}
+                out.append({**meta, "ablation": variant, **compare(a, b)})
+    return out
+
+
+def markdown(command, args, first, by_cap, check_rows, comps, seconds) -> str:
+    n, minutes = args.jitters, seconds / 60
+    lines = [INTRO.format(command=command, runs=n + 1, jitters=n, minutes=minutes)]
+    for c in check_rows:
+        cells = [c[k] for k in CHECK_KEYS if k != "pass"]
+        cells.append("PASS" if c["pass"] else "**MISS**")
+        lines.append("| " + " | ".join(cells) + " |")
+    missed = sum(not c["pass"] for c in check_rows)
+    lines += ["", f"{len(check_rows) - missed} of {len(check_rows)} checks passed."]
+    for source, (trace, _, configs) in first.items():
+        caps = list(dict.fromkeys(c.capacity_label for c in configs))
+        head = ["", f"| policy | {' | '.join(caps)} |", "|---" * (len(caps) + 1) + "|"]
+        lines += ["", f"## {source}", "", f"{len(trace.requests)} requests, "]
+        lines[-1] += f"{trace.num_unique_blocks()} unique blocks (run 0)."
+        lines += ["", "FLOP hit rate (%), mean ± spread over runs:", *head]
+        for label in by_cap[(source, caps[0])]:
+            values = [by_cap[(source, cap)][label] for cap in caps]
+            cells = [f"{statistics.fmean(v):.2f} ± {spread(v):.2f}" for v in values]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        for ablation in (False, True):
+            table: dict = {}
+            for c in comps:
+                if c["source"] == source and c["ablation"] == ablation:
+                    cell = f"{c['mean']:+.2f} ± {c['spread']:.2f} {c['class']}"
+                    table.setdefault(c["policy"], []).append(cell)
+            title = "Ablation: variant minus mla_aware" if ablation else CANDIDATE
+            title += "" if ablation else " minus each policy"
+            if table:
+                lines += ["", f"{title} (points, paired by run):", *head]
+                lines += [f"| {p} | " + " | ".join(v) + " |" for p, v in table.items()]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    rows, raw = [], {}
+    from tqdm import tqdm
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = shlex.join(["python", "benchmark/mla_eviction/bar_check.py", *argv])
+    start = time.monotonic()
     try:
-        for name in args.sources:
-            raw[name] = least_cpu(name, args, replay_source(name, args))
-            rows += checks(name, raw[name])
-            if carries_sessions(name, args):
-                sr = f"{name}{SESSION_RADIX}"
-                raw[sr] = replay_source(name, args, policies=",".join(BUILTINS), session_radix=True)
-                rows += session_radix_floor(name, raw[name], raw[sr])
-        for name in [] if args.no_host_tier else args.traces:
-            if name in args.sources:
-                raw[f"{name}+host4x"] = replay_source(name, args, host_tier=True)
-                rows += checks(f"{name}+host4x", raw[f"{name}+host4x"], host_tier=True)
-    except replay.UsageError as e:
+        args = parse_args(argv)
+        tasks, first = plan(args)
+    except UsageError as e:
         print(f"bar_check.py: error: {e}", file=sys.stderr)
         return 2
-    text = markdown(rows)
-    print(text)
-    if args.markdown:
-        replay._write_atomic(args.markdown, text + "\n")
-    if args.json_path:
-        replay._write_atomic(args.json_path, json.dumps({"checks": rows, "replays": raw}, indent=2) + "\n")
-    return 0
+    total = len(tasks) + 2 * args.cpu_rounds
+    bar = tqdm(total=total, desc="replays", disable=args.no_progress, file=sys.stderr)
+    rows = replay_all(args, tasks, bar)
+    cpu = cpu_rounds(args, first, bar)
+    bar.close()
+    by_cap = rates(rows)
+    check_rows, comps = checks(by_cap, cpu), comparisons(by_cap)
+    seconds = time.monotonic() - start
+    text = markdown(command, args, first, by_cap, check_rows, comps, seconds)
+    print(text, end="")
+    payload = {"command": command, "runs": args.jitters + 1, "seconds": round(seconds)}
+    payload.update(checks=check_rows, comparisons=comps, cpu=cpu, rows=rows)
+    blob = json.dumps(payload, indent=2) + "\n"
+    outs = [("--markdown", args.markdown, text), ("--json", args.json_path, blob)]
+    writes = [(f, p, lambda tmp, t=t: Path(tmp).write_text(t)) for f, p, t in outs]
+    try:
+        replay.write_outputs(writes)  # both or neither
+    except OSError as e:
+        print(f"bar_check.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0 if all(c["pass"] for c in check_rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Tests for benchmark/mla_eviction/bar_check.py: the issue-4 bar, row by row."""
+"""Tests for benchmark/mla_eviction/bar_check.py: the noise arithmetic, the check
+verdicts on hand-made rows, bad input, and one small run end to end."""
 
-import argparse
 import contextlib
 import io
 import json
@@ -12,187 +12,282 @@ from pathlib import Path
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction"))
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[4] / "benchmark" / "mla_eviction")
+)
 
 import bar_check  # noqa: E402
 
 
-def summary(policy, capacity, flop, *, cpu=100.0, prefill_ms=50.0, p50=1.0, gap=None):
-    return {"policy": policy, "capacity": capacity, "flop_hit_rate": flop / 100,
-            "cpu_us_per_request": cpu, "prefill_ms_per_request": prefill_ms,
-            "ttft_p50_s": p50, "gap_closed": gap}
+def rows(source, capacity, **rates):
+    """Replay rows for one (source, capacity): label -> FLOP hit rates in % by run
+    (``mla_aware[x]`` as the keyword ``mla_aware_x``)."""
+    out = []
+    for label, values in rates.items():
+        if label.startswith("mla_aware_"):
+            label = f"mla_aware[{label[len('mla_aware_') :]}]"
+        for run, rate in enumerate(values):
+            out.append(
+                {"source": source, "capacity": capacity, "run": run, "label": label}
+                | {"flop_hit_rate": rate / 100}
+            )
+    return out
 
 
-def group(capacity, mla, *, lru=20.0, best=("lfu", 20.0), bound=40.0, **kw):
-    rows = [summary(p, capacity, lru) for p in bar_check.BUILTINS if p != best[0]]
-    rows.append(summary(best[0], capacity, best[1]))
-    rows.append(summary("optimal", capacity, bound))
-    rows.append(summary("mla_aware", capacity, mla, **kw))
-    return rows
+def group(source, capacity, mla, lru=(20.0, 20.0), best=("s3fifo", (20.0, 20.0))):
+    """Every built-in and peer at ``lru`` except ``best``, and mla_aware at ``mla``."""
+    rates = {p: lru for p in (*bar_check.BUILTINS, *bar_check.PEERS)}
+    rates[best[0]] = best[1]
+    return rows(source, capacity, **rates, mla_aware=mla)
+
+
+def cpu(lru, mla, source="synthetic", capacity="5%"):
+    us = {"lru": list(lru), "mla_aware": list(mla)}
+    cores = {"lru": "rust", "mla_aware": "python"}
+    return {
+        "source": source,
+        "capacity": capacity,
+        "us_per_request": us,
+        "cores": cores,
+    }
+
+
+def verdicts(check_rows, kind):
+    return [
+        (r["source"], r["capacity"], r["pass"])
+        for r in check_rows
+        if r["check"] == kind
+    ]
+
+
+class TestNoise(CustomTestCase):
+    def test_spread_is_half_the_range(self):
+        self.assertEqual(bar_check.spread([3.0]), 0.0)
+        self.assertAlmostEqual(bar_check.spread([1.0, 4.0, 2.5]), 1.5)
+
+    def test_paired_differences_mean_spread_and_class(self):
+        # diffs 2, 1, 4: mean 7/3, spread (4 - 1) / 2 = 1.5, mean > spread.
+        c = bar_check.compare([30.0, 32.0, 31.0], [28.0, 31.0, 27.0])
+        self.assertAlmostEqual(c["mean"], 7 / 3)
+        self.assertAlmostEqual(c["spread"], 1.5)
+        self.assertEqual(c["class"], "win")
+        # diffs -0.5, 1: mean 0.25, spread 0.75.
+        c = bar_check.compare([20.0, 21.0], [20.5, 20.0])
+        self.assertAlmostEqual(c["mean"], 0.25)
+        self.assertAlmostEqual(c["spread"], 0.75)
+        self.assertEqual(c["class"], "within spread")
+        # diffs -1, -2, -0.5: mean -7/6, spread 0.75, mean < -spread.
+        c = bar_check.compare([10.0, 10.0, 10.0], [11.0, 12.0, 10.5])
+        self.assertAlmostEqual(c["mean"], -7 / 6)
+        self.assertAlmostEqual(c["spread"], 0.75)
+        self.assertEqual(c["class"], "loss")
+        # Paired by run, not by sorted value: diffs 0 and 2 give mean 1 = spread.
+        c = bar_check.compare([5.0, 7.0], [5.0, 5.0])
+        self.assertEqual(
+            (c["mean"], c["spread"], c["class"]), (1.0, 1.0, "within spread")
+        )
+        with self.assertRaises(ValueError):
+            bar_check.compare([1.0, 2.0], [1.0])
+
+    def test_classify_bounds_are_strict(self):
+        self.assertEqual(bar_check.classify(0.3, 0.2), "win")
+        self.assertEqual(bar_check.classify(0.2, 0.2), "within spread")
+        self.assertEqual(bar_check.classify(-0.2, 0.2), "within spread")
+        self.assertEqual(bar_check.classify(-0.3, 0.2), "loss")
+        self.assertEqual(bar_check.classify(0.0, 0.0), "within spread")
+
+    def test_rates_are_percent_in_run_order(self):
+        made = rows("s", "5%", lru=(10.0, 12.0, 11.0))[::-1]
+        self.assertEqual(bar_check.rates(made)[("s", "5%")]["lru"], [10.0, 12.0, 11.0])
+
+    def test_comparisons_mla_minus_policy_and_variant_minus_mla(self):
+        by = bar_check.rates(
+            rows(
+                "s",
+                "5%",
+                lru=(20.0, 21.0),
+                mla_aware=(25.0, 24.0),
+                mla_aware_x=(23.0, 23.0),
+            )
+        )
+        comps = {c["policy"]: c for c in bar_check.comparisons(by)}
+        self.assertEqual(set(comps), {"lru", "mla_aware[x]"})
+        self.assertAlmostEqual(comps["lru"]["mean"], 4.0)  # diffs 5, 3
+        self.assertAlmostEqual(comps["lru"]["spread"], 1.0)
+        self.assertEqual(
+            (comps["lru"]["class"], comps["lru"]["ablation"]), ("win", False)
+        )
+        self.assertAlmostEqual(comps["mla_aware[x]"]["mean"], -1.5)  # diffs -2, -1
+        self.assertAlmostEqual(comps["mla_aware[x]"]["spread"], 0.5)
+        self.assertEqual(comps["mla_aware[x]"]["class"], "loss")
+        self.assertTrue(comps["mla_aware[x]"]["ablation"])
 
 
 class TestChecks(CustomTestCase):
-    def by_check(self, rows):
-        return {r["check"]: r for r in rows}
+    def run_checks(self, made, usage=cpu([100.0], [200.0])):
+        return bar_check.checks(bar_check.rates(made), usage)
 
-    def test_gain_needs_fifteen_percent_where_the_bound_leaves_ten_points(self):
-        ok = self.by_check(bar_check.checks("t", group("5%", 23.01)))["gain"]
-        self.assertTrue(ok["pass"])
-        self.assertAlmostEqual(ok["gain"], 0.1505)
-        self.assertFalse(self.by_check(bar_check.checks("t", group("5%", 22.99)))["gain"]["pass"])
-        # Less than 10 points of headroom: the gain bar does not apply.
-        flat = self.by_check(bar_check.checks("t", group("1%", 20.0, bound=29.9)))["gain"]
-        self.assertIsNone(flat["pass"])
-        self.assertFalse(flat["applies"])
-        # Only at 1 % and 5 %.
-        self.assertNotIn("gain", self.by_check(bar_check.checks("t", group("10%", 20.0))))
+    def test_floor_against_the_best_builtin_or_peer(self):
+        # mla_aware 29.6 mean, s3fifo 30.0: 0.4 below, within the 0.5 floor.
+        ok = self.run_checks(
+            group("t", "25%", (29.4, 29.8), best=("s3fifo", (30.0, 30.0)))
+        )
+        self.assertEqual(verdicts(ok, "floor"), [("t", "25%", True)])
+        self.assertIn("s3fifo 30.00 %", ok[0]["reference"])
+        self.assertIn("-0.40 pts", ok[0]["measured"])
+        # 29.4 mean: 0.6 below.
+        miss = self.run_checks(
+            group("t", "25%", (29.2, 29.6), best=("slru", (30.0, 30.0)))
+        )
+        self.assertEqual(verdicts(miss, "floor"), [("t", "25%", False)])
+        self.assertIn("slru", miss[0]["reference"])
+        # A variant is not a rival: mla_aware[x] far above does not move the floor.
+        made = group("t", "5%", (20.0, 20.0)) + rows(
+            "t", "5%", mla_aware_x=(40.0, 40.0)
+        )
+        self.assertEqual(verdicts(self.run_checks(made), "floor"), [("t", "5%", True)])
 
-    def test_floor_is_half_a_point_below_the_best_builtin(self):
-        rows = self.by_check(bar_check.checks("t", group("25%", 29.5, best=("slru", 30.0))))
-        self.assertTrue(rows["floor"]["pass"])
-        self.assertEqual(rows["floor"]["best_builtin"], "slru")
-        rows = self.by_check(bar_check.checks("t", group("25%", 29.49, best=("slru", 30.0))))
-        self.assertFalse(rows["floor"]["pass"])
+    def test_gain_on_synthetic_at_5_and_10_percent(self):
+        # diffs 8.5, 8.7: 8.6 >= 0.9 * 9.13 = 8.217.
+        made = group("synthetic", "5%", (21.5, 22.1), lru=(13.0, 13.4))
+        # diffs 8.0, 8.0 < 0.9 * 8.91 = 8.019.
+        made += group("synthetic", "10%", (32.6, 32.6), lru=(24.6, 24.6))
+        made += group("synthetic", "25%", (50.0, 50.0))  # no gain check at 25 %
+        made += group("other", "5%", (10.0, 10.0))  # nor on another source
+        out = self.run_checks(made)
+        self.assertEqual(
+            verdicts(out, "gain"),
+            [("synthetic", "5%", True), ("synthetic", "10%", False)],
+        )
+        row = next(r for r in out if r["check"] == "gain")
+        self.assertIn("+8.60 ± 0.10 pts over LRU", row["measured"])
+        self.assertIn("+9.13", row["reference"])
+        self.assertIn("+8.22", row["reference"])
 
-    def test_session_radix_floor_takes_the_best_builtin_with_the_session_radix_cache(self):
-        plain = group("5%", 46.5)
-        with_sessions = [summary(p, "5%", 46.0) for p in bar_check.BUILTINS]
-        with_sessions[bar_check.BUILTINS.index("priority")] = summary("priority", "5%", 47.01)
-        (row,) = bar_check.session_radix_floor("t", plain, with_sessions)
-        self.assertEqual((row["check"], row["best_builtin"], row["best"]), ("floor-sr", "priority", 47.01))
-        self.assertFalse(row["pass"])  # 46.5 is 0.51 below
-        with_sessions[bar_check.BUILTINS.index("priority")] = summary("priority", "5%", 47.0)
-        self.assertTrue(bar_check.session_radix_floor("t", plain, with_sessions)[0]["pass"])
-        self.assertIn("best built-in + session radix cache priority 47.00 %",
-                      bar_check.markdown(bar_check.session_radix_floor("t", plain, with_sessions)))
+    def test_aim_on_conversation_at_5_percent(self):
+        # 18.95 / 17.1 = 1.108
+        made = group("conversation", "5%", (18.9, 19.0), lru=(17.0, 17.2))
+        out = self.run_checks(made)
+        self.assertEqual(verdicts(out, "aim"), [("conversation", "5%", True)])
+        self.assertIn("1.108x", next(r for r in out if r["check"] == "aim")["measured"])
+        # 18.6 / 17.1 = 1.088
+        made = group("conversation", "5%", (18.5, 18.7), lru=(17.0, 17.2))
+        made += group("conversation", "10%", (10.0, 10.0))
+        self.assertEqual(
+            verdicts(self.run_checks(made), "aim"), [("conversation", "5%", False)]
+        )
 
-    def test_only_sources_with_session_ids_carry_sessions(self):
-        args = bar_check.parse_args(["--num-requests", "40"])
-        self.assertTrue(bar_check.carries_sessions("multi-turn", args))
-        self.assertFalse(bar_check.carries_sessions("chat", args))
-
-    def test_cpu_share_of_modelled_prefill(self):
-        # LRU spends 100 µs; 1 % of 50 ms is 500 µs.
-        self.assertTrue(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=599.0)))["cpu"]["pass"])
-        self.assertFalse(self.by_check(bar_check.checks("t", group("10%", 20.0, cpu=600.0)))["cpu"]["pass"])
-
-    def test_cpu_is_the_least_of_the_runs(self):
-        first = group("10%", 20.0, cpu=900.0)
-        later = iter([[summary("lru", "10%", 20.0, cpu=80.0), summary("mla_aware", "10%", 20.0, cpu=950.0)],
-                      [summary("lru", "10%", 20.0, cpu=120.0), summary("mla_aware", "10%", 20.0, cpu=700.0)]])
-        calls = []
-
-        def fake_replay(name, args, host_tier=False, policies=""):
-            calls.append((policies, args.jobs))
-            return next(later)
-
-        saved, bar_check.replay_source = bar_check.replay_source, fake_replay
-        try:
-            out = bar_check.least_cpu("t", argparse.Namespace(cpu_runs=3, jobs=2), first)
-        finally:
-            bar_check.replay_source = saved
-        self.assertEqual(calls, [("lru,mla_aware", 1)] * 2)  # one replay at a time
-        cpu = {r["policy"]: (r["cpu_us_per_request"], r.get("cpu_runs")) for r in out}
-        self.assertEqual(cpu["lru"], (80.0, 3))
-        self.assertEqual(cpu["mla_aware"], (700.0, 3))
-        self.assertEqual(cpu["lfu"], (100.0, None))  # other policies as replayed once
-        self.assertEqual(self.by_check(bar_check.checks("t", out))["cpu"]["added_cpu_us"], 620.0)
-
-    def test_ttft_cut_with_a_host_tier(self):
-        rows = [summary("lru", "5%", 20.0, p50=1.0), summary("mla_aware", "5%", 30.0, p50=0.7)]
-        (row,) = bar_check.checks("t", rows, host_tier=True)
-        self.assertEqual(row["check"], "ttft")
-        self.assertTrue(row["pass"])
-        rows[1]["ttft_p50_s"] = 0.71
-        self.assertFalse(bar_check.checks("t", rows, host_tier=True)[0]["pass"])
-
-    def test_markdown_counts_misses(self):
-        rows = bar_check.checks("t", group("5%", 21.0)) + bar_check.checks("t", group("25%", 19.0))
-        text = bar_check.markdown(rows)
-        self.assertIn("| gain | t | 5% |", text)
-        self.assertIn("**MISS**", text)
-        self.assertTrue(text.endswith("2 of 5 checks missed."))
-        self.assertTrue(text.startswith("| check | source | capacity | mla_aware |"))
+    def test_cpu_is_the_ratio_of_medians(self):
+        made = group("t", "5%", (20.0, 20.0))
+        # medians 110 and 260: 2.36x.
+        out = self.run_checks(made, cpu([100.0, 300.0, 110.0], [250.0, 260.0, 900.0]))
+        self.assertEqual(verdicts(out, "cpu"), [("synthetic", "5%", True)])
+        self.assertIn("2.36x", out[-1]["measured"])
+        # medians 110 and 280: 2.55x.
+        out = self.run_checks(made, cpu([100.0, 300.0, 110.0], [280.0, 270.0, 900.0]))
+        self.assertEqual(verdicts(out, "cpu"), [("synthetic", "5%", False)])
 
 
-def tiny_trace(directory: Path) -> Path:
-    """A 12-request Mooncake-format trace written to ``directory/t.jsonl``."""
-    lines = [{"timestamp": 1000 * i, "input_length": 1500, "output_length": 10,
-              "hash_ids": [0, 1 + i % 3, 4 + i]} for i in range(12)]
-    path = directory / "t.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
+def fixture_trace(path: Path, n: int = 200) -> None:
+    """``n`` Mooncake-format requests: 30 conversations under 5 system prompts of 2
+    blocks, turn t carrying t + 1 blocks of its own conversation."""
+    with open(path, "w") as f:
+        for i in range(n):
+            conv, turn = i % 30, i // 30
+            ids = [1000 * (conv % 5), 1000 * (conv % 5) + 1]
+            ids += [100000 + 100 * conv + k for k in range(turn + 1)]
+            line = {"timestamp": 200 * i, "input_length": 512 * len(ids) - 100}
+            line |= {"output_length": 50, "hash_ids": ids}
+            f.write(json.dumps(line) + "\n")
 
 
 class TestCli(CustomTestCase):
-    def test_unknown_source_exits_2(self):
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
-            bar_check.main(["--sources", "nope"])
-        self.assertEqual(ctx.exception.code, 2)
-        self.assertIn("unknown ['nope']", err.getvalue())
+    def run_main(self, argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = bar_check.main(argv)
+        return status, out.getvalue(), err.getvalue()
 
-    def test_trace_adds_a_named_source(self):
-        args = bar_check.parse_args(["--trace", "conv=/data/conversation_trace.jsonl"])
-        self.assertEqual(args.sources, [*bar_check.SOURCES, "conv"])
-        self.assertEqual(args.source_args["conv"], ["--trace", "/data/conversation_trace.jsonl"])
-        only = bar_check.parse_args(["--trace", "conv=/x.jsonl", "--sources", "conv"])
-        self.assertEqual(only.sources, ["conv"])
-
-    def test_bad_trace_spec_exits_2(self):
-        for spec, says in (("conv", "expected NAME=PATH"), ("=/x.jsonl", "expected NAME=PATH"),
-                           ("a,b=/x.jsonl", "expected NAME=PATH"), ("chat=/x.jsonl", "is taken")):
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
-                bar_check.parse_args(["--trace", spec])
-            self.assertEqual(ctx.exception.code, 2)
-            self.assertIn(says, err.getvalue())
-
-    def test_trace_source_end_to_end(self):
+    def test_bad_input_exits_2_with_one_line_naming_the_option(self):
         with tempfile.TemporaryDirectory() as tmp:
-            path = tiny_trace(Path(tmp))
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-                status = bar_check.main(["--trace", f"tiny={path}", "--sources", "tiny",
-                                         "--capacity", "25%", "--jobs", "1", "--cpu-runs", "1",
-                                         "--no-progress"])
-            self.assertEqual(status, 0)
-            self.assertIn("| floor | tiny | 25% |", out.getvalue())
-            self.assertIn("| ttft | tiny+host4x | 25% |", out.getvalue())
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                status = bar_check.main(["--trace", f"gone={path}.missing", "--sources", "gone",
-                                         "--no-progress"])
-            self.assertEqual(status, 2)
-            self.assertIn("t.jsonl.missing: no such file", err.getvalue())
+            outs = ["--markdown", f"{tmp}/r.md", "--json", f"{tmp}/r.json"]
+            cases = [
+                (["--sources", "nope"], "--sources"),
+                (["--sources", ","], "--sources"),
+                (["--variant", "x={bad"], "--variant"),
+                (["--variant", 'x={"nope": 1}'], "--variant"),
+                (["--variant", "={}"], "--variant"),
+                (["--variant", 'c={"calibration": "/no/such.json"}'], "--variant"),
+                (["--jitters", "0"], "--jitters"),
+                (["--jitters", "-1"], "--jitters"),
+                (["--jitters", "x"], "--jitters"),
+                (["--cpu-rounds", "0"], "--cpu-rounds"),
+                (["--trace", "no-path"], "--trace"),
+                (["--trace", "chat=/x.jsonl"], "--trace"),
+                (["--trace", f"t={tmp}/none.jsonl", "--sources", "t"], "none.jsonl"),
+                (["--sources", "chat", "--capacity", "5x"], "--capacity"),
+                (["--markdown", tmp], "--markdown"),
+                (["--json", tmp], "--json"),
+            ]
+            for argv, names in cases:
+                with self.subTest(argv=argv):
+                    extra = [] if argv[0] in ("--markdown", "--json") else outs
+                    status, out, err = self.run_main([*argv, *extra, "--no-progress"])
+                    self.assertEqual(status, 2)
+                    self.assertEqual(len(err.strip().splitlines()), 1, err)
+                    self.assertIn(names, err)
+                    self.assertEqual(out, "")
+            self.assertEqual(sorted(p.name for p in Path(tmp).iterdir()), [])
 
-    def test_trim_victims_reaches_every_replay(self):
+    def test_small_run_writes_markdown_and_json(self):
         with tempfile.TemporaryDirectory() as tmp:
-            path = tiny_trace(Path(tmp))
-            for trim, lru_trims in (("policy", False), ("all", True), ("none", False)):
-                with self.subTest(trim=trim):
-                    args = bar_check.parse_args(["--trace", f"tiny={path}", "--sources", "tiny",
-                                                 "--capacity", "25%", "--jobs", "1",
-                                                 "--trim-victims", trim, "--no-progress"])
-                    with contextlib.redirect_stderr(io.StringIO()):
-                        results = bar_check.replay_source("tiny", args)
-                    trimmed = {r["policy"]: r["trimmed"] for r in results}
-                    self.assertEqual(trimmed["lru"], lru_trims)
-                    self.assertEqual(trimmed["mla_aware"], trim != "none")
-                    self.assertEqual(trimmed["optimal"], trim != "none")
-
-    def test_small_run_end_to_end(self):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            status = bar_check.main(["--sources", "chat", "--num-requests", "120", "--seed", "1",
-                                     "--capacity", "5%", "--jobs", "1", "--cpu-runs", "2",
-                                     "--no-progress"])
-        self.assertEqual(status, 0)
-        text = out.getvalue()
-        for check in ("floor", "gain", "cpu"):
-            self.assertIn(f"| {check} | chat | 5% |", text)
+            trace = Path(tmp) / "fx.jsonl"
+            fixture_trace(trace)
+            md, js = Path(tmp) / "r.md", Path(tmp) / "r.json"
+            argv = ["--trace", f"fx={trace}", "--sources", "fx,chat"]
+            argv += ["--num-requests", "100", "--capacity", "25%", "--jitters", "1"]
+            argv += ["--cpu-rounds", "1", "--jobs", "1", "--no-progress"]
+            argv += ["--variant", 'nf={"learn_factor": false}']
+            argv += ["--markdown", str(md), "--json", str(js)]
+            status, out, _ = self.run_main(argv)
+            payload, text = json.loads(js.read_text()), md.read_text()
+        self.assertEqual(out, text)
+        keys = {"command", "runs", "seconds", "checks", "comparisons", "cpu", "rows"}
+        self.assertEqual(set(payload), keys)
+        self.assertEqual(payload["runs"], 2)
+        checks = payload["checks"]
+        self.assertEqual(status, 0 if all(c["pass"] for c in checks) else 1)
+        self.assertEqual(
+            [(c["check"], c["source"]) for c in checks],
+            [("floor", "fx"), ("floor", "chat"), ("cpu", "fx")],  # cpu: first source
+        )
+        self.assertEqual(
+            [len(v) for v in payload["cpu"]["us_per_request"].values()], [1, 1]
+        )
+        labels = [*bar_check.BUILTINS, *bar_check.PEERS, "mla_aware", "mla_aware[nf]"]
+        got = sorted((r["source"], r["run"], r["label"]) for r in payload["rows"])
+        want = sorted(
+            (s, run, p) for s in ("fx", "chat") for run in (0, 1) for p in labels
+        )
+        self.assertEqual(got, want)
+        for r in payload["rows"]:
+            python = r["policy"] == "mla_aware" or r["is_peer"]
+            self.assertEqual(r["tree_core"], "python" if python else "rust")
+            self.assertEqual(r["policy"], r["label"].split("[")[0])
+        self.assertEqual(len(payload["comparisons"]), 2 * (len(labels) - 1))
+        self.assertIn("bar_check.py --trace", text.splitlines()[2])
+        self.assertIn(
+            "| check | source | capacity | measured | reference | result |", text
+        )
+        for section in ("## fx", "## chat", "mla_aware minus each policy", "Ablation"):
+            self.assertIn(section, text)
+        for c in checks:
+            result = "PASS" if c["pass"] else "**MISS**"
+            self.assertIn(f"| {c['check']} | {c['source']} | 25% |", text)
+            self.assertIn(f"{c['reference']} | {result} |", text)
+        self.assertIn("| mla_aware[nf] | ", text)
 
 
 if __name__ == "__main__":
