@@ -5,7 +5,9 @@
 #   tools/reliability/mutation.sh [WORKDIR]            # default /tmp/mla-mutation
 #
 # mutmut rewrites the files it mutates, so it runs in WORKDIR, a copy of the tracked
-# files as they are in the work tree (SOURCE=head: as committed), never in the repo.
+# files as they are in the work tree (SOURCE=head: as committed at HEAD; SOURCE=REV:
+# at that commit), never in the repo. The runner, forkrun.py, is always the work
+# tree's.
 # Its test command is the one in docs/reliability.md, run through forkrun.py (pytest
 # forked from a process that has torch and SGLang imported, the project's modules
 # imported afresh from the copy; --tb=no and -p no:cacheprovider change only what
@@ -21,14 +23,17 @@ MUTATE=python/sglang/srt/mem_cache/mla_cost_model.py,python/sglang/srt/mem_cache
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
-if [ "${SOURCE:-worktree}" = head ]; then
-    git -C "$REPO" archive HEAD | tar -x -C "$WORK"
-else
-    (cd "$REPO" && git ls-files -z | tar --null -T - -c) | tar -x -C "$WORK"
-fi
+case "${SOURCE:-worktree}" in
+    worktree) (cd "$REPO" && git ls-files -z | tar --null -T - -c) | tar -x -C "$WORK" ;;
+    head) git -C "$REPO" archive HEAD | tar -x -C "$WORK" ;;
+    *) git -C "$REPO" archive "$SOURCE" | tar -x -C "$WORK" ;;
+esac
+mkdir -p "$WORK/tools/reliability"
+cp "$REPO/tools/reliability/forkrun.py" "$WORK/tools/reliability/forkrun.py"
 ln -s "$REPO/.venv" "$WORK/.venv"
 cd "$WORK"
-echo "mutmut $("$MUTMUT" version | awk '{print $NF}') on $(git -C "$REPO" rev-parse --short HEAD) (${SOURCE:-worktree})"
+REV=$(git -C "$REPO" rev-parse --short "$([ "${SOURCE:-worktree}" = worktree ] && echo HEAD || echo "${SOURCE/head/HEAD}")")
+echo "mutmut $("$MUTMUT" version | awk '{print $NF}') on $REV (${SOURCE:-worktree})"
 
 SOCK=$WORK/forkrun.sock
 "$PY" tools/reliability/forkrun.py serve "$SOCK" "$WORK/python" >forkrun.log 2>&1 &
