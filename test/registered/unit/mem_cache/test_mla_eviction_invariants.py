@@ -744,10 +744,11 @@ class TestTwoCachesInOneProcess(CustomTestCase):
         (``unified_cache/components/base.py``: ``_LAST_ACCESS_TIME_COUNTER_FLOAT``), and
         mla_aware's age is the root's stamp minus the leaf's: another cache's
         operations stretch the gaps unevenly, so ``age * rate`` orders differ.
-        Remove the decorator once the policy keeps a clock of its own. Seed 0, on
-        which the orders part at operation 319: a fixed seed, so that the expected
-        failure does not depend on MLA_INVARIANT_SEED."""
-        self.assertIsNone(self._interleaved("mla_aware", "mla_aware", seed=0)[2])
+        Remove the decorator once the policy keeps a clock of its own. A fixed seed
+        (0), so that the expected failure does not depend on MLA_INVARIANT_SEED; the
+        assertion names the first operation after which the histories differ."""
+        first = self._interleaved("mla_aware", "mla_aware", seed=0)[2]
+        self.assertIsNone(first, "first operation after which the orders differ")
 
     def test_the_shared_counter_is_the_only_coupling(self):
         """With each cache given its own copy of the counter, the interleaved run
@@ -945,7 +946,12 @@ class TestBadInputTable(CustomTestCase):
         self.assertEqual(len(surfaces), 7, surfaces)
         shown = [(case.surface, case.shown) for case, _, _ in rows]
         self.assertEqual(len(shown), len(set(shown)))
-        self.assertEqual(bad_inputs.documented(), bad_inputs.markdown(rows))
+        self.assertEqual(
+            bad_inputs.documented(),
+            bad_inputs.markdown(rows),
+            "docs/reliability.md is out of date: .venv/bin/python "
+            "tools/reliability/bad_inputs.py prints the table",
+        )
 
 
 if __name__ == "__main__":
