@@ -402,6 +402,27 @@ class TestLearningByHand(CustomTestCase):
         tree.at(7.0)  # proven now: factor 1, its cached rate stale
         self.assertAlmostEqual(s.get_priority(parent), -7 / 20.8, delta=1e-12)
 
+    def test_two_children_present_prove_a_parent_when_one_is_scored(self):
+        # A parent with two children of which one is scored has seen two children:
+        # proven, whether it was scored before (marked) or not (at first sight).
+        for scored_before in (True, False):
+            with self.subTest(scored_before=scored_before):
+                tree, s = Tree(), MLAAwareStrategy(COST)
+                s.log_factor, s.factor = math.log(3.0), 3.0
+                s._version += 1
+                parent = tree.node(tree.root, [1], t=0.0)
+                tree.at(5.0)
+                if scored_before:
+                    s.get_priority(parent)
+                kids = [tree.node(parent, [k], t=5.0) for k in (2, 3)]
+                tree.at(6.0)
+                s.get_priority(kids[0])
+                for kid in kids:
+                    s.on_evict(kid)
+                    tree.detach(kid)
+                tree.at(7.0)  # proven: factor 1, not 3
+                self.assertAlmostEqual(s.get_priority(parent), -7 / 20.8, delta=1e-12)
+
     def _proven_victims_return(self, keys, strategy=None):
         """Proven leaves, all as old as their walk's oldest, evicted at 11; the same
         content comes back at 12 and is scored at 13 (first sight) and 14."""
@@ -469,23 +490,31 @@ class TestLearningByHand(CustomTestCase):
             ((10.0,), 5.0, 1.0),  # exactly half: old
             ((10.0,), 4.0, 1 - 0.02 * 0.2),  # young
         ):
-            with self.subTest(ages=ages, victim_age=victim_age):
-                tree, s = Tree(), MLAAwareStrategy(COST)
-                now = max(ages)
-                leaves = [
-                    tree.node(tree.root, [i], t=now - a) for i, a in enumerate(ages)
-                ]
-                victim = tree.node(tree.root, [50], t=now - victim_age)
-                tree.at(now)
-                for leaf in leaves + [victim]:
-                    s.get_priority(leaf)
-                s.on_evict(victim)
-                tree.detach(victim)
-                back = tree.node(tree.root, [50], t=now + 1)
-                for later in (now + 2, now + 3):
-                    tree.at(later)
-                    s.get_priority(back)
-                self.assertAlmostEqual(s.weight, weight, delta=1e-12)
+            for first_tree in (True, False):
+                with self.subTest(ages=ages, victim_age=victim_age, first=first_tree):
+                    self._old_or_young(ages, victim_age, weight, first_tree)
+
+    def _old_or_young(self, ages, victim_age, weight, first_tree):
+        """As above; ``first_tree`` False: the strategy scored another tree before."""
+        tree, s = Tree(), MLAAwareStrategy(COST)
+        if not first_tree:
+            other = Tree()
+            other.next_id = 1000
+            other.at(100.0)
+            s.get_priority(other.node(other.root, [1], t=0.0))
+        now = max(ages)
+        leaves = [tree.node(tree.root, [i], t=now - a) for i, a in enumerate(ages)]
+        victim = tree.node(tree.root, [50], t=now - victim_age)
+        tree.at(now)
+        for leaf in leaves + [victim]:
+            s.get_priority(leaf)
+        s.on_evict(victim)
+        tree.detach(victim)
+        back = tree.node(tree.root, [50], t=now + 1)
+        for later in (now + 2, now + 3):
+            tree.at(later)
+            s.get_priority(back)
+        self.assertAlmostEqual(s.weight, weight, delta=1e-12)
 
     def test_a_split_after_a_step_reprices(self):
         tree, s = self.tree, self.s

@@ -678,6 +678,42 @@ class TestConfigReadingByHand(RelativeCase):
             (qwen.bytes_per_token, mistral.bytes_per_token), (57_344, 131_072)
         )
 
+    def test_other_dense_presets_by_hand(self):
+        # per layer: q, o 2 x hidden x heads x 128 + k, v 2 x hidden x kv x 128
+        # + MLP 3 x hidden x intermediate; attention 2 x heads x 256 per layer
+        for preset, params, attn_flops in (
+            # 80 x (2 x 8192 x 72 x 128 + 3 x 8192 x 28672)
+            ("llama-3-70b", 68_451_041_280, 2_621_440),
+            # 28 x (2 x 3584 x 32 x 128 + 3 x 3584 x 18944)
+            ("qwen2.5-7b", 6_525_288_448, 401_408),
+            # as Llama-3-8B: 32 x (2 x 4096 x 40 x 128 + 3 x 4096 x 14336)
+            ("mistral-7b", 6_979_321_856, 524_288),
+        ):
+            with self.subTest(preset=preset):
+                cm = KVCostModel.from_preset(preset)
+                self.assertEqual(cm.active_params, params)
+                self.assertEqual(cm.attention_flops_per_position, attn_flops)
+
+    def test_direct_construction_names_the_field(self):
+        with self.assertRaises(ModelConfigError) as ctx:
+            KVCostModel("m", AttentionKind.MHA, 2, 10, 50, 4, tp_size=0)
+        self.assertEqual(
+            str(ctx.exception),
+            "serving setup: field 'tp_size' must be an integer >= 1, got 0",
+        )
+
+    def test_unreadable_calibration_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "calibration.json")
+            with open(path, "w") as f:
+                f.write("{not json")
+            with self.assertRaises(ModelConfigError) as ctx:
+                Calibration.load(path)
+        self.assertTrue(
+            str(ctx.exception).startswith(f"{path}: bad calibration JSON: Expecting"),
+            str(ctx.exception),
+        )
+
     def test_head_dim_defaults_to_hidden_over_heads(self):
         config = {k: v for k, v in TINY_LLAMA.items() if k != "head_dim"}
         cm = KVCostModel.from_config(
