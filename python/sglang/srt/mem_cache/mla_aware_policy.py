@@ -8,9 +8,12 @@ Every evictable leaf is scored, lowest evicted first::
 rank (:class:`KVCostModel`), as if the leaf began a prompt: its tokens attend to each
 other, so a long leaf is worth more per byte than a short one. ``hits`` is the tree's
 ``hit_count``. Frequency times restore cost per byte is GreedyDual-Size-Frequency's
-value; ``mla_aware`` ages it by idle time instead of an inflation value: ``age`` is the
-leaf's idle time on the tree's own clock, read from the root, which every match and
-insert stamps. A leaf worth twice as much may sit idle twice as long.
+value; ``mla_aware`` ages it by idle time instead of an inflation value: ``age`` counts
+the tree's eviction walks since the leaf was last accessed. A walk begins when the
+root's stamp (every match and insert sets it) has moved since the last score; counting
+walks rather than ticks of SGLang's clock, which every cache in a process shares, keeps
+one tree's order independent of another's traffic. A leaf worth twice as much may sit
+idle twice as long.
 
 ``factor`` is 1 for a *proven* leaf (it came back after being evicted, or two children
 have been seen under it: a prefix several requests share) and ``B >= 1`` for the rest.
@@ -29,6 +32,7 @@ never on the tree's nodes; ties go to the older leaf (SGLang's heaps order entri
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -90,11 +94,21 @@ class PolicyConfig:
 class _Seen:
     """What the strategy keeps of a leaf it has scored (by ``node.id``)."""
 
-    __slots__ = ("parent", "density", "proven", "version", "rate", "hits")
+    __slots__ = (
+        "parent",
+        "density",
+        "proven",
+        "version",
+        "rate",
+        "hits",
+        "access",
+        "walk",
+    )
 
     def __init__(self, parent: Any, density: float, proven: bool):
         self.parent, self.density, self.proven = parent, density, proven
         self.version, self.rate, self.hits = -1, 0.0, -1
+        self.access, self.walk = None, 0  # last access time, and the walk it preceded
 
 
 class MLAAwareStrategy(EvictionStrategy):
@@ -108,6 +122,7 @@ class MLAAwareStrategy(EvictionStrategy):
     OLD = 0.5  # a victim is old at half the age of its walk's oldest leaf or more
     MAX_GHOSTS = 1 << 16  # victims remembered, oldest forgotten first
     MAX_SEEN = 1 << 20  # a tree that never calls on_evict: forget beyond this
+    MAX_WALKS = 1 << 16  # walks whose clock is kept
 
     def __init__(
         self,
@@ -132,10 +147,10 @@ class MLAAwareStrategy(EvictionStrategy):
         self._densities: dict[int, float] = {}
         self._root: Any = None
         self._now: Optional[float] = None  # the clock at the walk being scored
-        self._oldest = 0.0  # the oldest leaf age scored at that reading
-        self._version = (
-            0  # of factor and weight: a leaf's cached rate is stale if older
-        )
+        self._oldest = 0  # the oldest leaf age scored in that walk
+        # This tree's clock at each walk (the last MAX_WALKS), for ages in walks.
+        self._walks, self._dropped, self._stamps = 0, 0, []
+        self._version = 0  # of factor and weight: older cached rates are stale
 
     def get_priority(self, node: Any) -> float:
         root = self._root
@@ -147,8 +162,10 @@ class MLAAwareStrategy(EvictionStrategy):
         seen = self._seen.get(node.id)
         if seen is None or seen.parent is not node.parent:
             seen = self._see(node, seen)
-            now = self._now  # the clock of the tree it belongs to
-        age = now - node.last_access_time
+        if seen.access != node.last_access_time:
+            seen.access = node.last_access_time
+            seen.walk = self._walk_of(seen.access)
+        age = self._walks - seen.walk
         if age > self._oldest:
             self._oldest = age
         hits = node.hit_count
@@ -160,7 +177,13 @@ class MLAAwareStrategy(EvictionStrategy):
 
     def _new_walk(self, now: float) -> None:
         """The clock moved: a new walk, which applies what the last one taught."""
-        self._now, self._oldest = now, 0.0
+        self._now, self._oldest = now, 0
+        self._walks += 1
+        self._stamps.append(now)
+        if len(self._stamps) > self.MAX_WALKS:  # older accesses all count as that old
+            half = len(self._stamps) // 2
+            del self._stamps[:half]
+            self._dropped += half
         if self._steps != [0, 0.0]:
             self._apply()
 
@@ -170,7 +193,7 @@ class MLAAwareStrategy(EvictionStrategy):
         self._children.pop(node.id, None)
         if self._root is None:
             return
-        age = self._root.last_access_time - node.last_access_time
+        age = self._walks - self._walk_of(node.last_access_time)
         proven = seen.proven if seen is not None else False
         signature = self._signature(node)[0]
         self._ghosts[signature] = (proven, age < self.OLD * self._oldest)
@@ -196,7 +219,8 @@ class MLAAwareStrategy(EvictionStrategy):
         if root is not self._root:  # a new tree (or a reset one): start afresh
             self._seen.clear()
             self._children.clear()
-            self._root, self._now, self._oldest = root, root.last_access_time, 0.0
+            self._root, self._walks, self._dropped, self._stamps = root, 0, 0, []
+            self._new_walk(root.last_access_time)
         if len(self._seen) >= self.MAX_SEEN:
             self._seen.clear()
         ghost = self._ghosts.pop(signature, None)
@@ -205,6 +229,10 @@ class MLAAwareStrategy(EvictionStrategy):
         proven = ghost is not None or self._children.get(node.id, 0) >= 2
         seen = self._seen[node.id] = _Seen(parent, density, proven)
         return seen
+
+    def _walk_of(self, access: float) -> int:
+        """The walks begun at or before an access at ``access`` on the tree's clock."""
+        return self._dropped + bisect.bisect_right(self._stamps, access)
 
     def _learn(self, proven: bool, young: bool) -> None:
         """A victim came back: steps applied at the next walk, so that one walk's

@@ -42,9 +42,10 @@ DENSITY = {1: 10.4, 4: 11.0, 10: 12.2}
 class Tree:
     """A hand-built radix tree: nodes with the fields a strategy reads."""
 
-    def __init__(self):
+    def __init__(self, strategy=None):
         self.next_id = 0
         self.root = self.node(None, (), t=0.0)
+        self.strategy = strategy
 
     def node(self, parent, key, t, hits=1):
         node = SimpleNamespace(
@@ -64,7 +65,21 @@ class Tree:
         del node.parent.children[node.key[0]]
 
     def at(self, now):
+        """Stamp the root at ``now``. The tree's strategy walks at every whole tick
+        up to ``now`` (a busy tree evicts that often), so that a leaf last accessed
+        at tick ``t`` is ``now - t`` walks old: ages below read as ticks."""
+        if self.strategy is not None:
+            first = math.floor(self.root.last_access_time) + 1
+            for tick in range(first, math.floor(now) + 1):
+                self.root.last_access_time = float(tick)
+                self.strategy._new_walk(float(tick))
         self.root.last_access_time = now
+
+
+def pair(**config):
+    """A strategy and a tree it walks."""
+    strategy = MLAAwareStrategy(COST, **config)
+    return Tree(strategy), strategy
 
 
 def walk(strategy, leaves):
@@ -74,11 +89,10 @@ def walk(strategy, leaves):
 
 class TestPriority(CustomTestCase):
     def test_density_age_and_hits(self):
-        tree = Tree()
+        tree, s = pair()
         a = tree.node(tree.root, [1], t=10.0)  # 1 token, no reuse
         b = tree.node(tree.root, range(100, 110), t=0.0, hits=2)  # 10 tokens, reused
         tree.at(20.0)
-        s = MLAAwareStrategy(COST)
         p = walk(s, {"a": a, "b": b})
         # -age / ((1 + hits) * density): a: -10 / (2 * 10.4), b: -20 / (3 * 12.2)
         self.assertAlmostEqual(p["a"], -10 / 20.8, delta=1e-12)
@@ -88,24 +102,23 @@ class TestPriority(CustomTestCase):
         self.assertLess(p["a"], 0)
 
     def test_key_unit_tokens_prices_pages(self):
-        tree = Tree()
+        tree, s = pair(key_unit_tokens=4)
         leaf = tree.node(tree.root, [7], t=0.0)
         tree.at(4.0)
         # One key element of 4 tokens: density(4) = 11.0.
-        p = MLAAwareStrategy(COST, key_unit_tokens=4).get_priority(leaf)
+        p = s.get_priority(leaf)
         self.assertAlmostEqual(p, -4 / (2 * 11.0), delta=1e-12)
 
     def test_a_just_matched_leaf_scores_no_lower_than_zero(self):
-        tree = Tree()
+        tree, s = pair()
         leaf = tree.node(tree.root, [1], t=5.0)
         tree.at(4.99999)  # a match stamps the root just below the path's end
-        self.assertGreaterEqual(MLAAwareStrategy(COST).get_priority(leaf), 0.0)
+        self.assertGreaterEqual(s.get_priority(leaf), 0.0)
 
     def test_a_split_prices_the_shorter_key(self):
-        tree = Tree()
+        tree, s = pair()
         leaf = tree.node(tree.root, range(10, 20), t=0.0)
         tree.at(10.0)
-        s = MLAAwareStrategy(COST)
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 12.2), delta=1e-12)
         # The tree splits it: a new parent holds the first 6 tokens, the leaf keeps 4.
         tree.detach(leaf)
@@ -115,10 +128,9 @@ class TestPriority(CustomTestCase):
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 11.0), delta=1e-12)
 
     def test_new_hits_are_seen(self):
-        tree = Tree()
+        tree, s = pair()
         leaf = tree.node(tree.root, [1], t=0.0)
         tree.at(10.0)
-        s = MLAAwareStrategy(COST)
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 10.4), delta=1e-12)
         leaf.hit_count = 4
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (5 * 10.4), delta=1e-12)
@@ -128,8 +140,7 @@ class TestLearning(CustomTestCase):
     """Victims that come back teach B (probation) and the value weight."""
 
     def setUp(self):
-        self.tree = Tree()
-        self.s = MLAAwareStrategy(COST)
+        self.tree, self.s = pair()
 
     def evict(self, leaf):
         self.s.on_evict(leaf)
@@ -202,8 +213,7 @@ class TestLearning(CustomTestCase):
         self.assertEqual(s.factor, 1.0)
 
     def test_learning_switched_off(self):
-        s = MLAAwareStrategy(COST, learn_factor=False, learn_weight=False)
-        tree = self.tree
+        tree, s = pair(learn_factor=False, learn_weight=False)
         leaf = tree.node(tree.root, [1], t=0.0)
         tree.node(leaf, [2], t=0.0)
         tree.node(leaf, [3], t=0.0)
@@ -223,7 +233,7 @@ class TestLearning(CustomTestCase):
 
     def test_scores_of_one_walk_do_not_depend_on_order(self):
         def scores(order):
-            tree, s = Tree(), MLAAwareStrategy(COST)
+            tree, s = pair()
             gone = tree.node(tree.root, [5], t=0.0)
             tree.node(gone, [6], t=0.0)
             tree.node(gone, [7], t=0.0)
@@ -248,7 +258,7 @@ class TestLearning(CustomTestCase):
 
 class TestBoundedState(CustomTestCase):
     def test_evicted_nodes_leave_no_state_and_ghosts_are_capped(self):
-        tree, s = Tree(), MLAAwareStrategy(COST)
+        tree, s = pair()
         s.MAX_GHOSTS = 3
         tree.at(1.0)
         for i in range(10):
@@ -262,14 +272,15 @@ class TestBoundedState(CustomTestCase):
         self.assertEqual([sig[1] for sig in s._ghosts], [(7,), (8,), (9,)])
 
     def test_a_new_tree_starts_afresh(self):
-        s = MLAAwareStrategy(COST)
-        first = Tree()
-        first.at(1.0)
+        first, s = pair()
+        first.at(5.0)
         s.get_priority(first.node(first.root, [1], t=0.0))
         second = Tree()
         second.at(1.0)
         second.next_id = 100
-        s.get_priority(second.node(second.root, [1], t=0.0))
+        leaf = second.node(second.root, [1], t=0.0)
+        # Its clock is behind the first tree's: ages count its own walks only.
+        self.assertAlmostEqual(s.get_priority(leaf), -1 / (2 * 10.4), delta=1e-12)
         self.assertEqual(list(s._seen), [100])
 
 
@@ -340,7 +351,7 @@ class TestLearningByHand(CustomTestCase):
     tests above let survive: docs/reliability.md). DENSITY(2) = (100 + 6) / 10."""
 
     def setUp(self):
-        self.tree, self.s = Tree(), MLAAwareStrategy(COST)
+        self.tree, self.s = pair()
 
     def evict(self, *leaves):
         for leaf in leaves:
@@ -407,7 +418,7 @@ class TestLearningByHand(CustomTestCase):
         # proven, whether it was scored before (marked) or not (at first sight).
         for scored_before in (True, False):
             with self.subTest(scored_before=scored_before):
-                tree, s = Tree(), MLAAwareStrategy(COST)
+                tree, s = pair()
                 s.log_factor, s.factor = math.log(3.0), 3.0
                 s._version += 1
                 parent = tree.node(tree.root, [1], t=0.0)
@@ -428,6 +439,7 @@ class TestLearningByHand(CustomTestCase):
         content comes back at 12 and is scored at 13 (first sight) and 14."""
         tree = self.tree
         s = self.s = strategy or self.s
+        tree.strategy = s
         tree.at(10.0)
         leaves = [proven_leaf(tree, s, tree.root, [k], t=0.0) for k in keys]
         self.walks(11.0, leaves=leaves)
@@ -495,13 +507,15 @@ class TestLearningByHand(CustomTestCase):
                     self._old_or_young(ages, victim_age, weight, first_tree)
 
     def _old_or_young(self, ages, victim_age, weight, first_tree):
-        """As above; ``first_tree`` False: the strategy scored another tree before."""
-        tree, s = Tree(), MLAAwareStrategy(COST)
+        """As above; ``first_tree`` False: the strategy scored another tree before
+        (whose clock ran further), and starts afresh at its first score of this one."""
+        tree, s = pair()
         if not first_tree:
             other = Tree()
             other.next_id = 1000
             other.at(100.0)
             s.get_priority(other.node(other.root, [1], t=0.0))
+            s.get_priority(tree.node(tree.root, [99], t=0.0))  # this tree at 0
         now = max(ages)
         leaves = [tree.node(tree.root, [i], t=now - a) for i, a in enumerate(ages)]
         victim = tree.node(tree.root, [50], t=now - victim_age)

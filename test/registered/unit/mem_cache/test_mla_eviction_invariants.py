@@ -737,16 +737,12 @@ class TestTwoCachesInOneProcess(CustomTestCase):
         shared counter between them changes nothing."""
         self.assertIsNone(self._interleaved("lru", "mla_aware")[2])
 
-    @unittest.expectedFailure
     def test_mla_aware_order_is_unchanged_by_another_cache(self):
-        """FINDING (issue 31): fails. SGLang 0.5.23's unified tree stamps
-        ``last_access_time`` from one process-wide counter
-        (``unified_cache/components/base.py``: ``_LAST_ACCESS_TIME_COUNTER_FLOAT``), and
-        mla_aware's age is the root's stamp minus the leaf's: another cache's
-        operations stretch the gaps unevenly, so ``age * rate`` orders differ.
-        Remove the decorator once the policy keeps a clock of its own. A fixed seed
-        (0), so that the expected failure does not depend on MLA_INVARIANT_SEED; the
-        assertion names the first operation after which the histories differ."""
+        """SGLang 0.5.23's unified tree stamps ``last_access_time`` from one
+        process-wide counter (``unified_cache/components/base.py``), which another
+        cache's operations move; mla_aware counts a leaf's age in its own tree's
+        eviction walks, so its order does not change. A fixed seed (0) and the
+        first operation after which the histories differ named on failure."""
         first = self._interleaved("mla_aware", "mla_aware", seed=0)[2]
         self.assertIsNone(first, "first operation after which the orders differ")
 
