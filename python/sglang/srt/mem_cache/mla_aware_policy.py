@@ -50,13 +50,8 @@ class PolicyConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The user-facing keys of ``--radix-eviction-policy-config`` for ``mla_aware``.
-
-    ``calibration``: a GPU calibration JSON (``benchmark/mla_eviction/
-    gpu_validation.py``) whose measured prefill constants replace the nominal FLOP
-    model. ``learn_factor`` / ``learn_weight``: learn ``B`` / ``weight`` (on by
-    default; off keeps it at 1).
-    """
+    """``--radix-eviction-policy-config`` for ``mla_aware``: a GPU calibration JSON of
+    measured prefill constants, and whether ``B`` and ``weight`` are learnt."""
 
     calibration: Optional[str] = None
     learn_factor: bool = True
@@ -94,21 +89,12 @@ class PolicyConfig:
 class _Seen:
     """What the strategy keeps of a leaf it has scored (by ``node.id``)."""
 
-    __slots__ = (
-        "parent",
-        "density",
-        "proven",
-        "version",
-        "rate",
-        "hits",
-        "access",
-        "walk",
-    )
+    __slots__ = ("parent", "density", "proven", "version", "rate", "hits", "at", "walk")
 
     def __init__(self, parent: Any, density: float, proven: bool):
         self.parent, self.density, self.proven = parent, density, proven
         self.version, self.rate, self.hits = -1, 0.0, -1
-        self.access, self.walk = None, 0  # last access time, and the walk it preceded
+        self.at, self.walk = None, 0  # the last access seen, and walks begun by then
 
 
 class MLAAwareStrategy(EvictionStrategy):
@@ -162,9 +148,9 @@ class MLAAwareStrategy(EvictionStrategy):
         seen = self._seen.get(node.id)
         if seen is None or seen.parent is not node.parent:
             seen = self._see(node, seen)
-        if seen.access != node.last_access_time:
-            seen.access = node.last_access_time
-            seen.walk = self._walk_of(seen.access)
+        if seen.at != node.last_access_time:
+            seen.at = node.last_access_time
+            seen.walk = self._walk_of(seen.at)
         age = self._walks - seen.walk
         if age > self._oldest:
             self._oldest = age
@@ -180,10 +166,9 @@ class MLAAwareStrategy(EvictionStrategy):
         self._now, self._oldest = now, 0
         self._walks += 1
         self._stamps.append(now)
-        if len(self._stamps) > self.MAX_WALKS:  # older accesses all count as that old
-            half = len(self._stamps) // 2
-            del self._stamps[:half]
-            self._dropped += half
+        if len(self._stamps) > self.MAX_WALKS:  # older accesses count as that old
+            self._dropped += len(self._stamps) // 2
+            del self._stamps[: len(self._stamps) // 2]
         if self._steps != [0, 0.0]:
             self._apply()
 
