@@ -27,9 +27,10 @@ free the partial page, unlock) or abort; other holders pin and unpin cached pref
   :func:`legacy_sanity_check` checks the same properties on what it exposes
   (``total_size()``, ``evictable_leaves``, the sizes, the child-key map);
 * the strategy's state stays bounded: its ghosts within ``MAX_GHOSTS`` (patched to 32,
-  so the bound is reached) and, on the unified tree (which reports every victim through
-  ``on_evict``), every node it keeps is live in the tree; on the legacy tree (no
-  callback) its table within ``MAX_SEEN`` (patched to 64, so it is reached and cleared).
+  so the bound is reached), its clock of walks within ``MAX_WALKS`` (patched to 64)
+  and, on the unified tree (which reports every victim through ``on_evict``), every
+  node it keeps is live in the tree; on the legacy tree (no callback) its table within
+  ``MAX_SEEN`` (patched to 64, so it is reached and cleared).
 
 The seeded loop runs ``MLA_INVARIANT_OPS`` operations in total (default 24,000) over the
 configurations; a Hypothesis test replays short generated operation lists on the same
@@ -82,6 +83,7 @@ TOTAL_OPS = int(os.environ.get("MLA_INVARIANT_OPS", 24_000))
 POOL_TOKENS = 256
 GHOST_CAP = 32  # MAX_GHOSTS on the drivers' strategies, so the bound is reached
 SEEN_CAP = 64  # MAX_SEEN on the legacy tree's strategies (no on_evict there)
+WALK_CAP = 64  # MAX_WALKS on the drivers' strategies, so the clock is trimmed
 CONFIGS = [
     (kind, page, policy)
     for kind in ("unified", "radix")
@@ -272,12 +274,13 @@ class CacheDriver:
         if self.learns:
             assert self.strategy.cost_model.page_size == page
             self.strategy.MAX_GHOSTS = GHOST_CAP
+            self.strategy.MAX_WALKS = WALK_CAP
             if kind == "radix":
                 self.strategy.MAX_SEEN = SEEN_CAP
         self.requests: dict[int, Request] = {}
         self.pins = []  # (lock, node, its path when pinned)
         self.next_rid = self.ops = self.evictions = self.chunks = 0
-        self.max_ghosts = self.max_seen = 0
+        self.max_ghosts = self.max_seen = self.max_stamps = 0
 
     # ---- the scheduler's side -----------------------------------------------------
 
@@ -531,8 +534,11 @@ class CacheDriver:
         s = self.strategy
         self.max_ghosts = max(self.max_ghosts, len(s._ghosts))
         self.max_seen = max(self.max_seen, len(s._seen))
+        self.max_stamps = max(self.max_stamps, len(s._stamps))
         if len(s._ghosts) > GHOST_CAP:
             raise InvariantError(f"{len(s._ghosts)} ghosts > {GHOST_CAP}")
+        if len(s._stamps) > WALK_CAP:
+            raise InvariantError(f"{len(s._stamps)} walk stamps > {WALK_CAP}")
         if self.kind == "radix":
             if len(s._seen) > SEEN_CAP:
                 raise InvariantError(f"{len(s._seen)} seen > {SEEN_CAP}")
@@ -570,6 +576,7 @@ class TestRandomInterleavings(CustomTestCase):
                 if d.learns and per_config >= 1000:  # the bounds were reached
                     unified = cfg[0] == "unified"
                     self.assertEqual(d.max_ghosts, GHOST_CAP if unified else 0)
+                    self.assertEqual(d.max_stamps, WALK_CAP, _name(cfg))
                     if not unified:
                         self.assertEqual(d.max_seen, SEEN_CAP, _name(cfg))
         print(
@@ -741,14 +748,16 @@ class TestTwoCachesInOneProcess(CustomTestCase):
         """SGLang 0.5.23's unified tree stamps ``last_access_time`` from one
         process-wide counter (``unified_cache/components/base.py``), which another
         cache's operations move; mla_aware counts a leaf's age in its own tree's
-        eviction walks, so its order does not change. A fixed seed (0) and the
-        first operation after which the histories differ named on failure."""
-        first = self._interleaved("mla_aware", "mla_aware", seed=0)[2]
+        eviction walks, so its order does not change. (Before 18a3246 it took the
+        difference of stamps, and this failed on every seed tried.) The assertion
+        names the first operation after which the histories differ."""
+        first = self._interleaved("mla_aware", "mla_aware")[2]
         self.assertIsNone(first, "first operation after which the orders differ")
 
-    def test_the_shared_counter_is_the_only_coupling(self):
-        """With each cache given its own copy of the counter, the interleaved run
-        equals the run alone, operation by operation."""
+    def test_with_a_counter_each_nothing_couples_them(self):
+        """With each cache given its own copy of SGLang's counter, the interleaved
+        run equals the run alone, operation by operation (the control that found the
+        counter to be the coupling)."""
         self.assertIsNone(self._interleaved("mla_aware", "mla_aware", True)[2])
 
 
