@@ -260,7 +260,8 @@ class TestTestSelection(CustomTestCase):
             "TARGET = 'x.mla_eviction_plugin.register'": (
                 "names sglang.srt.mem_cache.mla_eviction_plugin"
             ),
-            "import replay": "imports replay, which is not installed",
+            "import no_such_module": "imports no_such_module, which is not installed",
+            "import upstream_patch": "imports upstream_patch, found only in this project",
         }
         for source, reason in cases.items():
             self.assertIn(reason, self.reasons(source), source)
