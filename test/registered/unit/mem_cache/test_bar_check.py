@@ -189,6 +189,17 @@ class TestChecks(CustomTestCase):
         out = self.run_checks(made, cpu([100.0, 300.0, 110.0], [280.0, 270.0, 900.0]))
         self.assertEqual(verdicts(out, "cpu"), [("synthetic", "5%", False)])
 
+    def test_cpu_names_the_python_core_share(self):
+        usage = cpu([100.0, 120.0, 110.0], [260.0, 250.0, 255.0])
+        usage["us_per_request"]["lru (python core)"] = [230.0, 240.0, 220.0]
+        out = self.run_checks(group("t", "5%", (20.0, 20.0)), usage)
+        # medians 110, 230 and 255: 2.32x the Rust core, the Python core alone 2.09x.
+        self.assertEqual(
+            out[-1]["measured"],
+            "2.32x: mla_aware 255 µs/req, lru (rust) 110 µs/req; "
+            "lru (python) 230 µs/req, 2.09x",
+        )
+
 
 def fixture_trace(path: Path, n: int = 200) -> None:
     """``n`` Mooncake-format requests: 30 conversations under 5 system prompts of 2
@@ -264,7 +275,11 @@ class TestCli(CustomTestCase):
             [("floor", "fx"), ("floor", "chat"), ("cpu", "fx")],  # cpu: first source
         )
         self.assertEqual(
-            [len(v) for v in payload["cpu"]["us_per_request"].values()], [1, 1]
+            payload["cpu"]["us_per_request"].keys(),
+            {"lru", "lru (python core)", "mla_aware"},
+        )
+        self.assertEqual(
+            [len(v) for v in payload["cpu"]["us_per_request"].values()], [1, 1, 1]
         )
         labels = [*bar_check.BUILTINS, *bar_check.PEERS, "mla_aware", "mla_aware[nf]"]
         got = sorted((r["source"], r["run"], r["label"]) for r in payload["rows"])
