@@ -530,6 +530,36 @@ class TestLearningByHand(CustomTestCase):
             s.get_priority(back)
         self.assertAlmostEqual(s.weight, weight, delta=1e-12)
 
+    def test_a_walk_of_fresh_leaves_has_no_young_victim(self):
+        # Every leaf of the walk is age 0, so the oldest age is 0 and nothing is
+        # younger than half of it: the proven victim was old, and its return raises
+        # the weight by 0.02 * (1 - 0.2) (and log B by 0.1).
+        tree, s = self.tree, self.s
+        tree.at(5.0)
+        victim = proven_leaf(tree, s, tree.root, [7], t=5.0)
+        s.get_priority(victim)
+        self.evict(victim)
+        back = tree.node(tree.root, [7], t=6.0)
+        self.walks(6.0, 7.0, leaves=[back])
+        self.assertAlmostEqual(s.weight, 1 + 0.02 * 0.8, delta=1e-12)
+        self.assertAlmostEqual(s.log_factor, 0.1, delta=1e-12)
+
+    def test_ages_past_the_kept_walks_count_from_the_oldest_kept(self):
+        # With 4 walks kept, walks 1..8 keep the clock of walks 5..8 (the list is
+        # halved when a fifth is added: after walks 5 and 7). An access at tick t
+        # within them is 8 - t walks old; one before them is as old as walk 5's
+        # predecessor: 8 - 4 = 4 walks. Density 10.4, one hit: rate 1 / 20.8.
+        tree, s = self.tree, self.s
+        s.MAX_WALKS = 4
+        leaves = {
+            t: tree.node(tree.root, [int(10 * t)], t=t) for t in (2.0, 4.5, 5.0, 6.0)
+        }
+        tree.at(8.0)
+        got = walk(s, leaves)
+        for t, age in ((2.0, 4), (4.5, 4), (5.0, 3), (6.0, 2)):
+            self.assertAlmostEqual(got[t], -age / 20.8, delta=1e-12, msg=t)
+        self.assertLessEqual(len(s._stamps), 4)
+
     def test_a_split_after_a_step_reprices(self):
         tree, s = self.tree, self.s
         s._steps = [1, 0.0]
