@@ -64,6 +64,15 @@ class Tree:
     def detach(self, node):
         del node.parent.children[node.key[0]]
 
+    def split(self, node, n):
+        """Split ``node`` as SGLang does: a new parent holds its first ``n`` key
+        elements, ``node`` keeps the rest below it."""
+        self.detach(node)
+        upper = self.node(node.parent, node.key[:n], t=node.last_access_time)
+        node.parent, node.key = upper, node.key[n:]
+        upper.children[node.key[0]] = node
+        return upper
+
     def at(self, now):
         """Stamp the root at ``now``. The tree's strategy walks at every whole tick
         up to ``now`` (a busy tree evicts that often), so that a leaf last accessed
@@ -120,11 +129,7 @@ class TestPriority(CustomTestCase):
         leaf = tree.node(tree.root, range(10, 20), t=0.0)
         tree.at(10.0)
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 12.2), delta=1e-12)
-        # The tree splits it: a new parent holds the first 6 tokens, the leaf keeps 4.
-        tree.detach(leaf)
-        upper = tree.node(tree.root, range(10, 16), t=0.0)
-        leaf.parent, leaf.key = upper, tuple(range(16, 20))
-        upper.children[16] = leaf
+        tree.split(leaf, 6)  # a new parent holds the first 6 tokens, the leaf keeps 4
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 11.0), delta=1e-12)
 
     def test_new_hits_are_seen(self):
@@ -569,10 +574,7 @@ class TestLearningByHand(CustomTestCase):
         leaf = tree.node(tree.root, range(10, 20), t=0.0)
         tree.at(10.0)
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 12.2), delta=1e-12)
-        tree.detach(leaf)
-        upper = tree.node(tree.root, range(10, 16), t=0.0)
-        leaf.parent, leaf.key = upper, tuple(range(16, 20))
-        upper.children[16] = leaf
+        tree.split(leaf, 6)
         self.assertAlmostEqual(s.get_priority(leaf), -10 / (2 * 11.0), delta=1e-12)
 
     def test_the_seen_table_is_cleared_at_its_bound(self):
