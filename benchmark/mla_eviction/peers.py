@@ -30,13 +30,13 @@ lives in dicts keyed by ``node.id``, dropped in ``on_evict`` and capped at
 ``max_tracked`` entries (oldest first-seen dropped), so one strategy instance
 serves one tree.
 
-GDSF: cost = ``prefill_seconds(0, n)`` and size = ``bytes_for_tokens(n)`` for the
-node's n = len(key) * key_unit_tokens tokens (page-rounded bytes), frequency =
-1 + hit_count (2 for a fresh node). H is fixed at the node's last access: L is the
-value in effect at ``last_access_time``, read from a monotone (clock, L) history
-appended in ``on_evict`` (evictions stamped at or before an access count as before
-it); the history keeps ``max_history`` entries, older accesses get the L of the
-newest dropped entry. Ties: (H, last_access_time).
+GDSF: cost / size = the cost model's ``seconds_per_byte(n)`` (``prefill_seconds(0, n)``
+over the page-rounded ``bytes_for_tokens(n)``) for the node's n = len(key) *
+key_unit_tokens tokens, frequency = 1 + hit_count (2 for a fresh node). H is fixed at
+the node's last access: L is the value in effect at ``last_access_time``, read from a
+monotone (clock, L) history appended in ``on_evict`` (evictions stamped at or before an
+access count as before it); the history keeps ``max_history`` entries, older accesses
+get the L of the newest dropped entry. Ties: (H, last_access_time).
 
 S3-FIFO, with entries = the nodes seen (leaves and inner nodes):
   * a new entry joins S at position creation_time, or M (same position) if its
@@ -135,8 +135,7 @@ class GDSFStrategy(_PeerStrategy):
         n = _key_len(node) * self.key_unit_tokens
         r = self._ratios.get(n)
         if r is None:
-            size = self.cost_model.bytes_for_tokens(n) if n > 0 else 0
-            r = self.cost_model.prefill_seconds(0, n) / size if size > 0 else 0.0
+            r = self.cost_model.seconds_per_byte(n)
             if len(self._ratios) < 65536:
                 self._ratios[n] = r
         return r

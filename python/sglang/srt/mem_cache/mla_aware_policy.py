@@ -243,9 +243,7 @@ class MLAAwareStrategy(EvictionStrategy):
         """Prefill seconds per byte of a node of ``tokens`` tokens (memoised)."""
         density = self._densities.get(tokens)
         if density is None:
-            tokens = max(tokens, 1)
-            cost = self.cost_model
-            density = cost.prefill_seconds(0, tokens) / cost.bytes_for_tokens(tokens)
+            density = self.cost_model.seconds_per_byte(max(tokens, 1))
             if len(self._densities) < 1 << 16:
                 self._densities[tokens] = density
         return density

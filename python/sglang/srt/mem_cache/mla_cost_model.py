@@ -288,6 +288,13 @@ class KVCostModel:
         seconds += cal.prefill_s_per_token_per_position * attended
         return self.num_layers * seconds
 
+    def seconds_per_byte(self, num_tokens: int) -> float:
+        """Prefill seconds per cached byte of a span of ``num_tokens`` tokens that
+        begins a prompt (its restore cost over its size); 0 when not positive."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.prefill_seconds(0, num_tokens) / self.bytes_for_tokens(num_tokens)
+
 
 def _attended_sum(start: int, end: int, window: Optional[int]) -> int:
     """Sum over positions p in [start, end) of min(p + 1, window); needs end > start."""

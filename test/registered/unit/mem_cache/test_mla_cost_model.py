@@ -199,6 +199,15 @@ class TestPrefill(RelativeCase):
         self.assertRel(cm.prefill_flops(0, 4), 35_104)
         self.assertEqual(cm.bytes_per_token, 40)  # (8 + 2) x 2 B x 2 layers
 
+    def test_seconds_per_byte_by_hand(self):
+        cm = KVCostModel.from_config(TINY_MLA)
+        # 35,104 FLOPs / 400e12 FLOP/s over 4 tokens x 40 B
+        self.assertRel(cm.seconds_per_byte(4), 35_104 / 400e12 / 160)
+        # page 4: 3 tokens take a whole page, 160 B; 2 x 4,288 x 3 + 80 x 6 FLOPs
+        paged = KVCostModel.from_config(TINY_MLA, page_size=4)
+        self.assertRel(paged.seconds_per_byte(3), 26_208 / 400e12 / 160)
+        self.assertEqual((cm.seconds_per_byte(0), cm.seconds_per_byte(-2)), (0.0, 0.0))
+
     def test_moe_with_low_rank_query_by_hand(self):
         cm = KVCostModel.from_config(TINY_MOE)
         # attention per layer: q 16 x 4 + 4 x 2 x 6 = 112, kv_a 160, kv_b 128, o 128

@@ -86,6 +86,9 @@ class PageCost:
     def bytes_for_tokens(self, n):
         return 4 * math.ceil(n / 4)
 
+    def seconds_per_byte(self, n):  # KVCostModel's contract, on these figures
+        return n / self.bytes_for_tokens(n) if n > 0 else 0.0
+
 
 class TestGDSF(CustomTestCase):
     def test_eviction_order_differs_from_lru(self):
